@@ -1,0 +1,1 @@
+"""Outloop's provider-neutral core: domain rules, lifecycle services, ports and adapters."""

@@ -1,0 +1,44 @@
+"""Named crash points for the crash tests.
+
+Production code calls ``hit(name)`` at the points where a worker may die. Nothing happens
+unless the entry point armed that point (the CLI reads ``OUTLOOP_CRASHPOINT=name:skip`` in
+test runs only); then the process kills itself with SIGKILL after ``skip`` passes.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+
+POINTS = (
+    "after_task_write",  # inside the claim transaction, task written, not committed
+    "after_claim_txn",  # claim and task committed, nothing reported
+    "before_report",  # work done, report not yet written
+    "after_report",  # report committed, the run continues
+    "mid_reconcile",  # inside the reconcile transaction, not committed
+)
+
+_armed: dict[str, int] = {}
+
+
+def arm(name: str, skip: int = 0) -> None:
+    """Kill this process with SIGKILL the (skip+1)-th time ``name`` is hit."""
+    if name not in POINTS:
+        raise ValueError(f"unknown crash point {name!r}; known: {', '.join(POINTS)}")
+    _armed[name] = skip
+
+
+def arm_from_spec(spec: str) -> None:
+    """Arm from ``name`` or ``name:skip`` (the value of OUTLOOP_CRASHPOINT)."""
+    name, _, skip = spec.partition(":")
+    arm(name.strip(), int(skip) if skip else 0)
+
+
+def hit(name: str) -> None:
+    remaining = _armed.get(name)
+    if remaining is None:
+        return
+    if remaining > 0:
+        _armed[name] = remaining - 1
+        return
+    os.kill(os.getpid(), signal.SIGKILL)

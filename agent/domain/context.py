@@ -1,0 +1,283 @@
+"""The Workspace Context: everything tenant-specific, loaded from the operator's YAML file.
+
+Nothing tenant-specific is hard-coded anywhere else. The file is re-read on every run; an
+agent can only propose changes (``submit_learning``), never write it.
+"""
+
+from __future__ import annotations
+
+import re
+from datetime import date, datetime
+from enum import StrEnum
+from typing import Any
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from agent.domain.errors import ContextError
+
+WORKSPACE_ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{1,63}$")
+WEEKDAYS = ("mon", "tue", "wed", "thu", "fri", "sat", "sun")
+
+
+class Side(StrEnum):
+    """Which side of the relationship a contact is on."""
+
+    INTERNAL = "internal"
+    CLIENT = "client"
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class MailboxBinding(_Model):
+    """One mailbox this workspace reads. A shared mailbox binds items by exact rules."""
+
+    mailbox_id: str
+    provider: str
+    path: str | None = None
+    shared: bool = False
+    bind_to: tuple[str, ...] = Field(
+        default=(), description="exact recipient addresses that bind an item of a shared mailbox"
+    )
+
+    @field_validator("mailbox_id")
+    @classmethod
+    def _lower(cls, value: str) -> str:
+        return value.strip().lower()
+
+    @field_validator("bind_to")
+    @classmethod
+    def _lower_all(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        return tuple(v.strip().lower() for v in value)
+
+    @model_validator(mode="after")
+    def _maildir_path(self) -> MailboxBinding:
+        if self.provider == "maildir" and not self.path:
+            raise ValueError(f"mailbox {self.mailbox_id}: provider maildir needs a path")
+        return self
+
+
+class Contact(_Model):
+    """A known person. ``side`` and ``verified_by`` are the classification evidence."""
+
+    address: str
+    name: str = ""
+    side: Side | None = None
+    verified_by: str | None = None
+    roles: tuple[str, ...] = ()
+
+    @field_validator("address")
+    @classmethod
+    def _lower(cls, value: str) -> str:
+        return value.strip().lower()
+
+
+class StandingApproval(_Model):
+    scope: str = "message_class"
+    message_class: str = Field(alias="class")
+    granted_by: str
+
+
+class Approval(_Model):
+    roles: tuple[str, ...] = ("approver",)
+    standing: tuple[StandingApproval, ...] = ()
+
+
+class Calendar(_Model):
+    weekend: tuple[str, ...] = ("sat", "sun")
+    holidays: tuple[date, ...] = ()
+
+    @field_validator("weekend")
+    @classmethod
+    def _days(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        days = tuple(v.strip().lower()[:3] for v in value)
+        for day in days:
+            if day not in WEEKDAYS:
+                raise ValueError(f"unknown weekday {day!r}; use one of {', '.join(WEEKDAYS)}")
+        return days
+
+    def is_business_day(self, day: date) -> bool:
+        return WEEKDAYS[day.weekday()] not in self.weekend and day not in self.holidays
+
+
+class Communication(_Model):
+    greeting: str = ""
+    signature: str = ""
+    tone: str = ""
+    ack_template: str = ""
+    rules: tuple[str, ...] = ()
+
+
+class Grants(_Model):
+    licence: str = "inactive"
+    mailboxes: tuple[str, ...] = ()
+
+    @field_validator("mailboxes")
+    @classmethod
+    def _lower_all(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        return tuple(v.strip().lower() for v in value)
+
+
+class ClientSendPolicy(StrEnum):
+    DRAFT_FOR_INTERNAL_APPROVAL = "draft_for_internal_approval"
+    SENDS_DISABLED = "sends_disabled"
+
+
+class Classification(_Model):
+    task_owner_evidence: bool = False
+
+
+class Kpis(_Model):
+    official: dict[str, float] = Field(default_factory=dict[str, float])
+
+
+class TaskBoardConfig(_Model):
+    provider: str = "embedded"
+    project_id: str | None = None
+    intake_location_id: str | None = None
+
+
+class Schedule(_Model):
+    timezone: str | None = None
+
+
+class Attachments(_Model):
+    accepted: tuple[str, ...] = ()
+
+
+class WorkspaceContext(_Model):
+    """The live Workspace Context of one workspace (keys fixed by ARCHITECTURE.md)."""
+
+    workspace_id: str
+    label: str = ""
+    timezone: str = "UTC"
+    language: str = "en"
+    calendar: Calendar = Calendar()
+    mailboxes: tuple[MailboxBinding, ...] = ()
+    contacts: tuple[Contact, ...] = ()
+    approval: Approval = Approval()
+    default_cc: tuple[str, ...] = ()
+    escalation_contact: str | None = None
+    unresolved_queue: str | None = None
+    receipt_ack: bool = False
+    reminder_business_days: int = Field(default=2, ge=1, le=60)
+    communication: Communication = Communication()
+    grants: Grants = Grants()
+    client_send_policy: ClientSendPolicy = ClientSendPolicy.DRAFT_FOR_INTERNAL_APPROVAL
+    classification: Classification = Classification()
+    kpis: Kpis = Kpis()
+    task_board: TaskBoardConfig = TaskBoardConfig()
+    schedule: Schedule = Schedule()
+    attachments: Attachments = Attachments()
+
+    @field_validator("workspace_id")
+    @classmethod
+    def _immutable_id(cls, value: str) -> str:
+        if not WORKSPACE_ID_PATTERN.match(value):
+            raise ValueError(
+                "workspace_id must be 2-64 characters of letters, digits, '.', '_' or '-', "
+                "starting with a letter or digit"
+            )
+        return value
+
+    @field_validator("timezone")
+    @classmethod
+    def _tz(cls, value: str) -> str:
+        try:
+            ZoneInfo(value)
+        except (ZoneInfoNotFoundError, ValueError) as exc:
+            raise ValueError(f"unknown timezone {value!r} (use an IANA name such as UTC)") from exc
+        return value
+
+    @field_validator("default_cc")
+    @classmethod
+    def _lower_all(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        return tuple(v.strip().lower() for v in value)
+
+    @field_validator("escalation_contact")
+    @classmethod
+    def _lower(cls, value: str | None) -> str | None:
+        return value.strip().lower() if value else value
+
+    @property
+    def tz(self) -> ZoneInfo:
+        return ZoneInfo(self.timezone)
+
+    def contact(self, address: str) -> Contact | None:
+        wanted = address.strip().lower()
+        for contact in self.contacts:
+            if contact.address == wanted:
+                return contact
+        return None
+
+    def mailbox(self, provider: str, mailbox_id: str) -> MailboxBinding | None:
+        wanted = mailbox_id.strip().lower()
+        for binding in self.mailboxes:
+            if binding.provider == provider and binding.mailbox_id == wanted:
+                return binding
+        return None
+
+    def local_date(self, moment: datetime) -> date:
+        return moment.astimezone(self.tz).date()
+
+    def missing_for_intake(self) -> tuple[str, ...]:
+        """Context keys whose absence is a context gap: intake continues, discovery starts."""
+        missing: list[str] = []
+        if not self.kpis.official:
+            missing.append("kpis.official")
+        if not self.escalation_contact:
+            missing.append("escalation_contact")
+        if not self.unresolved_queue:
+            missing.append("unresolved_queue")
+        if not any(
+            "approver" in c.roles or set(c.roles) & set(self.approval.roles)
+            for c in self.contacts
+            if c.side is Side.INTERNAL
+        ):
+            missing.append("approval.roles (no internal contact holds an approval role)")
+        return tuple(missing)
+
+
+class StationConfig(_Model):
+    """The station file beside the registry: where items no workspace owns go."""
+
+    unresolved_queue: str | None = None
+    escalation_contact: str | None = None
+
+
+def _format_validation(source: str, exc: ValidationError) -> str:
+    problems: list[str] = []
+    for err in exc.errors():
+        where = ".".join(str(p) for p in err["loc"]) or "(top level)"
+        problems.append(f"{where}: {err['msg']}")
+    return f"{source} is not a valid Workspace Context: " + "; ".join(problems)
+
+
+def parse_context(text: str, source: str = "context") -> WorkspaceContext:
+    """Parse a Workspace Context from YAML text, with errors that name the key to fix."""
+    try:
+        data: Any = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ContextError(f"{source} is not valid YAML: {exc}") from exc
+    if not isinstance(data, dict):
+        raise ContextError(f"{source} must be a YAML mapping with at least 'workspace_id'")
+    try:
+        return WorkspaceContext.model_validate(data)
+    except ValidationError as exc:
+        raise ContextError(_format_validation(source, exc)) from exc
+
+
+def parse_station(text: str, source: str = "station file") -> StationConfig:
+    try:
+        data: Any = yaml.safe_load(text) or {}
+    except yaml.YAMLError as exc:
+        raise ContextError(f"{source} is not valid YAML: {exc}") from exc
+    if not isinstance(data, dict):
+        raise ContextError(f"{source} must be a YAML mapping")
+    try:
+        return StationConfig.model_validate(data)
+    except ValidationError as exc:
+        raise ContextError(_format_validation(source, exc)) from exc

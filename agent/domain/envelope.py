@@ -1,0 +1,116 @@
+"""The canonical provider envelope and the keys derived from it.
+
+Every provider adapter produces the same envelope. Thread identity is provider-native:
+``work_key = workspace_id + provider + mailbox_id + provider_thread_id``. Message-ID,
+In-Reply-To and References are kept only for exact secondary linkage; subject, sender
+similarity and timing never link messages.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from datetime import datetime
+from enum import StrEnum
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+
+class Address(BaseModel):
+    """One mailbox address. The address is compared case-insensitively; the name is display only."""
+
+    model_config = ConfigDict(frozen=True)
+
+    address: str
+    name: str = ""
+
+    @field_validator("address")
+    @classmethod
+    def _normalize(cls, value: str) -> str:
+        return value.strip().lower()
+
+
+class OccurrenceScope(StrEnum):
+    """What one occurrence is: a single message, or a whole thread (recurring digests)."""
+
+    MESSAGE = "message"
+    THREAD = "thread"
+
+
+class Envelope(BaseModel):
+    """The canonical envelope of one provider message (seed 000, section 3).
+
+    The adapter normalizes only: it never chooses a workspace, classifies, or decides approval.
+    """
+
+    model_config = ConfigDict(frozen=True, populate_by_name=True)
+
+    origin: str = "mail"
+    provider: str
+    mailbox_id: str
+    provider_thread_id: str
+    provider_message_id: str
+    internet_message_id: str | None = None
+    in_reply_to: str | None = None
+    references: tuple[str, ...] = ()
+    received_at: datetime
+    sender: Address = Field(alias="from")
+    to: tuple[Address, ...] = ()
+    cc: tuple[Address, ...] = ()
+    subject: str = ""
+    body_ref: str
+    attachment_refs: tuple[str, ...] = ()
+    # Normalization facts the adapter reads from headers; data, never instructions.
+    auto_submitted: str | None = None
+    precedence: str | None = None
+    list_id: str | None = None
+    content_digest: str = Field(
+        description="sha256 over the message's own content (sender, date, subject, body), "
+        "identical for the same message delivered twice"
+    )
+    normalization_notes: tuple[str, ...] = ()
+
+    @field_validator("received_at")
+    @classmethod
+    def _aware(cls, value: datetime) -> datetime:
+        if value.tzinfo is None:
+            raise ValueError("received_at must be timezone-aware")
+        return value
+
+
+def compose_key(*parts: str) -> str:
+    # Length-prefixed so no choice of ids can make two different tuples collide.
+    return "|".join(f"{len(p)}:{p}" for p in parts)
+
+
+def work_key(workspace_id: str, envelope: Envelope) -> str:
+    """The thread's work key: workspace + provider + mailbox + provider thread id."""
+    return compose_key(
+        workspace_id, envelope.provider, envelope.mailbox_id, envelope.provider_thread_id
+    )
+
+
+def occurrence_key(
+    scope_owner: str, envelope: Envelope, scope: OccurrenceScope = OccurrenceScope.MESSAGE
+) -> str:
+    """The key claimed for one occurrence.
+
+    ``scope_owner`` is the workspace id, or the station's own scope for items no workspace
+    owns. A message occurrence is identified by its Message-ID plus a digest of its content,
+    so the same message delivered twice is one occurrence while two different messages that
+    share a Message-ID stay two. Without a Message-ID the provider's message id stands in.
+    """
+    base = (scope_owner, envelope.provider, envelope.mailbox_id)
+    if scope is OccurrenceScope.THREAD:
+        return compose_key(*base, "thread", envelope.provider_thread_id)
+    ident = envelope.internet_message_id or f"provider:{envelope.provider_message_id}"
+    return compose_key(*base, "message", ident, envelope.content_digest[:32])
+
+
+def content_digest(*parts: str | bytes) -> str:
+    """A stable sha256 over the given parts (adapters use it to fill ``content_digest``)."""
+    digest = hashlib.sha256()
+    for part in parts:
+        data = part.encode("utf-8", "surrogateescape") if isinstance(part, str) else part
+        digest.update(len(data).to_bytes(8, "big"))
+        digest.update(data)
+    return digest.hexdigest()

@@ -1,0 +1,146 @@
+"""What services ask the store to write, and what the store answers."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from pydantic import BaseModel, ConfigDict
+
+from agent.domain.dispositions import Disposition
+from agent.domain.execution import ClaimOutcome, ExecutionRecord
+from agent.domain.states import TaskState
+from agent.domain.task import Gate, MessageRef, NextAction, Task
+
+
+class ClaimRequest(BaseModel):
+    """``outloop.execution.claim`` with its complete live contract."""
+
+    model_config = ConfigDict(frozen=True)
+
+    key: str
+    service: str
+    holder: str
+    run_id: str
+    item_ref: str
+    lease_seconds: float = 300.0
+
+
+class TaskDraft(BaseModel):
+    """What the claim holder creates, or merges into the thread's existing task."""
+
+    model_config = ConfigDict(frozen=True)
+
+    task_id: str
+    workspace_id: str
+    work_key: str
+    provider: str
+    mailbox_id: str
+    provider_thread_id: str
+    link_message_ids: tuple[str, ...]
+    """In-Reply-To and References: exact secondary linkage to an existing task."""
+    title: str
+    original_subject: str
+    received_at: datetime
+    message: MessageRef
+    sender_identity: str
+    sender_side: str | None
+    client_send_policy: str
+    project_id: str | None
+    intake_location_id: str | None
+    next_action: NextAction
+    package_version: str
+
+
+class EscalationDraft(BaseModel):
+    """An item no workspace can own, escalated to an unresolved queue."""
+
+    model_config = ConfigDict(frozen=True)
+
+    scope: str
+    queue: str
+    assignee: str
+    reason: str
+    provider: str
+    mailbox_id: str
+    item_ref: str
+
+
+class ClaimResult(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    outcome: ClaimOutcome
+    execution: ExecutionRecord
+    task: Task | None = None
+    task_created: bool = False
+    taken_over: bool = False
+
+
+class TaskUpdate(BaseModel):
+    """The holder's report of what the item's handling did to its task."""
+
+    model_config = ConfigDict(frozen=True)
+
+    state: TaskState | None = None
+    resume_on_inbound: bool = False
+    """A follow-up in the thread: resume the task from whatever state it is in when the
+    report is written (a client reply resumes WAITING_CLIENT), instead of a fixed target.
+    The next action is then replaced only if the task actually resumed."""
+    add_gates: tuple[Gate, ...] = ()
+    next_action: NextAction | None = None
+    provisional_basis: dict[str, str] | None = None
+    remaining_work: str | None = None
+
+
+class WorkspaceRow(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    workspace_id: str
+    label: str
+    context_path: str
+    context_sha256: str
+    registered_at: datetime
+    updated_at: datetime
+
+
+class Binding(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    workspace_id: str
+    provider: str
+    mailbox_id: str
+    shared: bool
+
+
+class Escalation(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    occurrence_key: str
+    scope: str
+    queue: str
+    assignee: str
+    reason: str
+    provider: str
+    mailbox_id: str
+    item_ref: str
+    created_at: datetime
+
+
+class HealthRecord(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    key: str
+    detail: str
+    count: int
+    recorded_at: datetime
+
+
+class ReportRequest(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    key: str
+    holder: str
+    run_id: str
+    item_ref: str
+    disposition: Disposition
+    detail: str = ""
+    task_update: TaskUpdate | None = None

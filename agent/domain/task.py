@@ -1,0 +1,173 @@
+"""The durable task record (seed 000, section 5) and the task title rule."""
+
+from __future__ import annotations
+
+import re
+import unicodedata
+from datetime import datetime
+from enum import StrEnum
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from agent.domain.dispositions import GateKind
+from agent.domain.envelope import Address, OccurrenceScope
+from agent.domain.states import TaskState
+
+# Reply and forward prefixes in common languages: English, German, French, Spanish,
+# Portuguese, Italian, Dutch, Nordic, Polish, Turkish, Hebrew, Arabic, Greek, Chinese, Japanese.
+_PREFIXES = (
+    r"re",
+    r"fw",
+    r"fwd",
+    r"aw",
+    r"wg",
+    r"tr",
+    r"rv",
+    r"enc",
+    r"res",
+    r"r",
+    r"i",
+    r"sv",
+    r"vs",
+    r"antw",
+    r"doorst",
+    r"odp",
+    r"pd",
+    r"ynt",
+    r"ilt",
+    r"ynt",
+    r"השב",
+    r"תשובה",
+    r"הועבר",
+    r"העבר",
+    r"رد",
+    r"إعادة توجيه",
+    r"تحويل",
+    r"απ",
+    r"σχετ",
+    r"πρθ",
+    r"回复",
+    r"答复",
+    r"转发",
+    r"回覆",
+    r"轉寄",
+)
+_PREFIX_RE = re.compile(
+    r"^\s*(?:\[[^\]]{0,40}\]\s*)?(?:"
+    + "|".join(_PREFIXES)
+    + r")\s*(?:\[\d+\]|\(\d+\))?\s*[:：]\s*",  # noqa: RUF001 - the fullwidth colon is how CJK mail clients write the reply colon
+    re.IGNORECASE,
+)
+_BRACKET_TAG_ONLY = re.compile(r"^\s*\[(?:fwd?|re)\s*:[^\]]*\]\s*$", re.IGNORECASE)
+
+
+def normalize_subject(subject: str) -> str:
+    """The task title: reply/forward prefixes stripped, whitespace folded.
+
+    Only the title is normalized; the exact original subject is kept beside it.
+    """
+    text = unicodedata.normalize("NFC", subject)
+    text = " ".join(text.split())
+    while True:
+        stripped = _PREFIX_RE.sub("", text, count=1)
+        if stripped == text:
+            break
+        text = stripped.strip()
+    if _BRACKET_TAG_ONLY.match(text):
+        text = text.strip()[1:-1]
+    return text.strip() or "(no subject)"
+
+
+class CommunicationState(StrEnum):
+    """Where the task's outward communication stands, apart from its work state."""
+
+    NONE = "none"
+    INTERNAL_UPDATE_SENT = "internal_update_sent"
+    ACK_SENT = "ack_sent"
+    DRAFT_AWAITING_APPROVAL = "draft_awaiting_approval"
+    CLIENT_REPLY_SENT = "client_reply_sent"
+    AWAITING_CLIENT = "awaiting_client"
+
+
+class ReadinessTier(StrEnum):
+    """Whether the task's next action can run now."""
+
+    READY = "ready"
+    PENDING_GATES = "pending_gates"
+    BLOCKED = "blocked"
+    DONE = "done"
+
+
+class Gate(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    kind: GateKind
+    owner: str
+    since: datetime
+    reason: str
+
+
+class NextAction(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    description: str
+    owner: str
+
+
+class MessageRef(BaseModel):
+    """One message linked to the task (inbound or sent)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    provider_message_id: str
+    internet_message_id: str | None = None
+    direction: str = "inbound"
+    received_at: datetime
+    sender: str
+
+
+class Task(BaseModel):
+    """The human-visible record of one verified thread's work."""
+
+    model_config = ConfigDict(frozen=True)
+
+    task_id: str
+    workspace_id: str
+    work_key: str
+    origin: str = "mail"
+    provider: str
+    mailbox_id: str
+    provider_thread_id: str
+    title: str
+    original_subject: str
+    occurrence_scope: OccurrenceScope = OccurrenceScope.MESSAGE
+    received_at: datetime
+    first_seen_at: datetime
+    updated_at: datetime
+    state: TaskState
+    communication_state: CommunicationState = CommunicationState.NONE
+    readiness_tier: ReadinessTier = ReadinessTier.READY
+    cycle_key: str | None = None
+    sender_identity: str
+    sender_side: str | None = None
+    client_send_policy: str
+    project_management_provider: str = "embedded"
+    project_id: str | None = None
+    intake_location_id: str | None = None
+    open_gates: tuple[Gate, ...] = ()
+    approval_evidence: tuple[str, ...] = ()
+    recipients: tuple[Address, ...] = ()
+    sent_message_id: str | None = None
+    readback_evidence: str | None = None
+    execution_key: str | None = None
+    execution_result: str | None = None
+    execution_outcome: str | None = None
+    remaining_work: str = ""
+    next_action: NextAction
+    provisional_basis: dict[str, str] = Field(
+        default_factory=dict[str, str],
+        description="provisional values for context gaps; never official KPIs",
+    )
+    messages: tuple[MessageRef, ...] = ()
+    package_version: str = ""
+    drift_status: str = "in_sync"

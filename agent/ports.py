@@ -1,0 +1,130 @@
+"""The ports the core depends on. Adapters implement them; agent/testing.py ships fakes.
+
+MailProvider is async (every real provider is network or file I/O); Store is synchronous
+(short transactions on an embedded or pooled database).
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable, Sequence
+from datetime import datetime
+from typing import Protocol, runtime_checkable
+
+from agent.domain.dispositions import Disposition
+from agent.domain.execution import ExecutionRecord
+from agent.domain.mail import (
+    MessageBody,
+    OutgoingMessage,
+    ProviderHealth,
+    ScannedMessage,
+    SendResult,
+    StoredCopy,
+)
+from agent.domain.records import (
+    Binding,
+    ClaimRequest,
+    ClaimResult,
+    Escalation,
+    EscalationDraft,
+    HealthRecord,
+    ReportRequest,
+    TaskDraft,
+    WorkspaceRow,
+)
+from agent.domain.run import LedgerEntry, Reconciliation
+from agent.domain.states import TaskState
+from agent.domain.task import Task
+
+
+class Clock(Protocol):
+    def now(self) -> datetime:
+        """The current time, timezone-aware (UTC)."""
+        ...
+
+
+@runtime_checkable
+class MailProvider(Protocol):
+    """One mailbox at one provider. It normalizes and moves mail; it decides nothing.
+
+    A provider never stores workflow state: no labels, flags, folders or moves.
+    """
+
+    @property
+    def provider(self) -> str: ...
+
+    @property
+    def mailbox_id(self) -> str: ...
+
+    def scan(self) -> AsyncIterator[ScannedMessage]:
+        """Every message currently in the inbox, normalized to the canonical envelope."""
+        ...
+
+    async def fetch_body(self, body_ref: str) -> MessageBody: ...
+
+    async def send(self, message: OutgoingMessage) -> SendResult:
+        """Send inside the original thread. ``delivered`` says whether it reached anyone."""
+        ...
+
+    async def read_back(self, internet_message_id: str) -> StoredCopy | None:
+        """The provider's stored copy of a sent message, or None if it has none."""
+        ...
+
+    async def health(self) -> ProviderHealth: ...
+
+
+class TaskBoard(Protocol):
+    """Where humans see tasks. The embedded store's task table is the default board."""
+
+    def get_task(self, task_id: str) -> Task | None: ...
+
+    def list_queue(self, workspace_id: str) -> list[Task]: ...
+
+    def transition_task(
+        self, task_id: str, target: TaskState, evidence: str, now: datetime
+    ) -> Task: ...
+
+
+class Store(TaskBoard, Protocol):
+    """Claims, execution records, tasks, run ledger, registry. One contract, every backend."""
+
+    def close(self) -> None: ...
+
+    # registry
+    def register_workspace(self, row: WorkspaceRow, bindings: Sequence[Binding]) -> None: ...
+    def update_workspace(self, row: WorkspaceRow, bindings: Sequence[Binding]) -> None: ...
+    def get_workspace(self, workspace_id: str) -> WorkspaceRow | None: ...
+    def list_workspaces(self) -> list[WorkspaceRow]: ...
+    def bindings_for_mailbox(self, provider: str, mailbox_id: str) -> list[Binding]: ...
+
+    # run ledger
+    def start_run(self, run_id: str, scope: str, started_at: datetime) -> None: ...
+    def record_scanned(self, entries: Sequence[LedgerEntry], now: datetime) -> None: ...
+    def record_disposition(
+        self, run_id: str, item_ref: str, disposition: Disposition, detail: str, now: datetime
+    ) -> None: ...
+    def ledger(self, run_id: str) -> list[LedgerEntry]: ...
+    def reconcile(self, run_id: str, now: datetime) -> Reconciliation: ...
+
+    # claims and execution records
+    def claim(
+        self,
+        request: ClaimRequest,
+        draft: TaskDraft | EscalationDraft,
+        now: datetime,
+        holder_alive: Callable[[str], bool],
+    ) -> ClaimResult: ...
+    def report(self, request: ReportRequest, now: datetime) -> ExecutionRecord: ...
+    def get_execution(self, key: str) -> ExecutionRecord | None: ...
+
+    # tasks, escalations, health
+    def task_for_thread(self, work_key: str) -> Task | None: ...
+    def list_tasks(self, workspace_id: str) -> list[Task]: ...
+    def list_escalations(self, scope: str | None = None) -> list[Escalation]: ...
+    def record_health(self, key: str, detail: str, now: datetime) -> None: ...
+    def list_health(self) -> list[HealthRecord]: ...
+
+
+class Vault(Protocol):
+    """Secrets for managed login. Values never leave the implementation's package."""
+
+    def has_secret(self, workspace_id: str, name: str) -> bool: ...

@@ -1,0 +1,1 @@
+"""Mail provider adapters. Each imports only its own client library; differences end here."""

@@ -1,0 +1,281 @@
+"""Normalize raw RFC 822 messages into the canonical envelope, whatever shape they arrive in.
+
+Real mail is often malformed: no Message-ID, broken charsets and encoded words, CR or LF
+inside header values, empty bodies, absurd MIME nesting. Every field is read defensively;
+what had to be repaired is listed in ``normalization_notes``. Only a message with no usable
+header block at all is refused (with the reason), and the caller still records it.
+"""
+
+from __future__ import annotations
+
+import email
+import email.header
+import email.policy
+import email.utils
+import re
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from email.message import EmailMessage, Message
+
+from agent.domain.envelope import Address, Envelope, content_digest
+from agent.domain.mail import MessageBody
+
+_MSGID_RE = re.compile(r"<[^<>\s]+>")
+MAX_MIME_DEPTH = 200
+
+
+class UnparseableMessage(ValueError):
+    """The bytes are not an email message at all."""
+
+
+@dataclass
+class Parsed:
+    message: EmailMessage
+    notes: list[str] = field(default_factory=list[str])
+
+    def header(self, name: str) -> str | None:
+        """A header's decoded text, or None; never raises on malformed values."""
+        try:
+            value = self.message.get(name)
+        except Exception as exc:
+            self.notes.append(f"{name}: unreadable header ({type(exc).__name__})")
+            return self._raw_header(name)
+        if value is None:
+            return None
+        text = str(value)
+        if "\r" in text or "\n" in text:
+            self.notes.append(f"{name}: line breaks inside the value were folded")
+            text = " ".join(text.split())
+        return text
+
+    def _raw_header(self, name: str) -> str | None:
+        for key, raw in self.message.raw_items():
+            if key.lower() == name.lower():
+                return _decode_words(str(raw))
+        return None
+
+    def all_headers(self, name: str) -> list[str]:
+        try:
+            values = self.message.get_all(name) or []
+        except Exception:
+            self.notes.append(f"{name}: unreadable header")
+            return []
+        return [" ".join(str(v).split()) for v in values]
+
+
+def _decode_words(raw: str) -> str:
+    try:
+        parts = email.header.decode_header(raw)
+    except Exception:
+        return " ".join(raw.split())
+    out: list[str] = []
+    for chunk, charset in parts:
+        if isinstance(chunk, bytes):
+            out.append(_decode_bytes(chunk, charset))
+        else:
+            out.append(chunk)
+    return " ".join("".join(out).split())
+
+
+def _decode_bytes(data: bytes, charset: str | None) -> str:
+    for candidate in (charset, "utf-8"):
+        if not candidate:
+            continue
+        try:
+            return data.decode(candidate)
+        except (LookupError, UnicodeDecodeError):
+            continue
+    return data.decode("latin-1")
+
+
+def parse(raw: bytes) -> Parsed:
+    if not raw.strip():
+        raise UnparseableMessage("the message is empty (zero bytes of headers and body)")
+    message = email.message_from_bytes(raw, policy=email.policy.default)
+    if not isinstance(message, EmailMessage):  # pragma: no cover - policy.default guarantees it
+        raise UnparseableMessage("the parser did not return a message")
+    if not list(message.raw_items()):
+        raise UnparseableMessage("no header block could be read (the first line is not a header)")
+    parsed = Parsed(message)
+    for defect in message.defects:
+        parsed.notes.append(f"defect: {type(defect).__name__}")
+    return parsed
+
+
+def message_ids(value: str | None) -> tuple[str, ...]:
+    if not value:
+        return ()
+    return tuple(dict.fromkeys(m.strip() for m in _MSGID_RE.findall(value)))
+
+
+def _addresses(parsed: Parsed, name: str) -> tuple[Address, ...]:
+    values = parsed.all_headers(name)
+    if not values:
+        return ()
+    try:
+        pairs = email.utils.getaddresses(values)
+    except Exception:
+        parsed.notes.append(f"{name}: addresses could not be parsed")
+        return ()
+    out: list[Address] = []
+    for display, addr in pairs:
+        if "@" not in addr:
+            continue
+        out.append(Address(address=addr, name=_decode_words(display)))
+    return tuple(dict.fromkeys(out))
+
+
+def _date(value: str | None) -> datetime | None:
+    if not value:
+        return None
+    try:
+        moment = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError, IndexError):
+        return None
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=UTC)
+    return moment.astimezone(UTC)
+
+
+def received_time(parsed: Parsed) -> datetime | None:
+    """The delivery time: the newest Received header's date, else the Date header."""
+    for received in parsed.all_headers("Received"):
+        _, _, stamp = received.rpartition(";")
+        moment = _date(stamp.strip())
+        if moment is not None:
+            return moment
+    return _date(parsed.header("Date"))
+
+
+def _body_bytes(raw: bytes) -> bytes:
+    for sep in (b"\r\n\r\n", b"\n\n"):
+        index = raw.find(sep)
+        if index >= 0:
+            return raw[index + len(sep) :]
+    return b""
+
+
+def normalize(
+    raw: bytes,
+    *,
+    provider: str,
+    mailbox_id: str,
+    provider_message_id: str,
+    thread_id_for: Callable[[str | None, str | None, tuple[str, ...]], str],
+    fallback_received_at: datetime,
+) -> Envelope:
+    """Build the canonical envelope of one raw message.
+
+    ``thread_id_for(message_id, in_reply_to, references)`` is the provider's own threading.
+    """
+    parsed = parse(raw)
+    ids = message_ids(parsed.header("Message-ID"))
+    internet_message_id = ids[0] if ids else None
+    if internet_message_id is None:
+        parsed.notes.append("no Message-ID: the provider message id identifies the occurrence")
+    in_reply_to_ids = message_ids(parsed.header("In-Reply-To"))
+    in_reply_to = in_reply_to_ids[0] if in_reply_to_ids else None
+    references = message_ids(" ".join(parsed.all_headers("References")))
+    senders = _addresses(parsed, "From") or _addresses(parsed, "Sender")
+    if not senders:
+        parsed.notes.append("no readable sender address")
+    received_at = received_time(parsed)
+    if received_at is None:
+        parsed.notes.append("no readable Date or Received time: the delivery time is used")
+        received_at = fallback_received_at
+    subject = parsed.header("Subject") or ""
+    depth = mime_depth(parsed.message)
+    if depth > 20:
+        parsed.notes.append(f"MIME nesting {depth} levels deep")
+    attachments = tuple(
+        f"{provider_message_id}/{i}" for i, _ in enumerate(_attachment_parts(parsed.message))
+    )
+    return Envelope(
+        provider=provider,
+        mailbox_id=mailbox_id,
+        provider_thread_id=thread_id_for(internet_message_id, in_reply_to, references),
+        provider_message_id=provider_message_id,
+        internet_message_id=internet_message_id,
+        in_reply_to=in_reply_to,
+        references=references,
+        received_at=received_at,
+        sender=senders[0] if senders else Address(address="unknown-sender@invalid"),
+        to=_addresses(parsed, "To"),
+        cc=_addresses(parsed, "Cc"),
+        subject=subject,
+        body_ref=provider_message_id,
+        attachment_refs=attachments,
+        auto_submitted=parsed.header("Auto-Submitted"),
+        precedence=parsed.header("Precedence"),
+        list_id=parsed.header("List-Id"),
+        content_digest=content_digest(
+            parsed.header("From") or "",
+            parsed.header("Date") or "",
+            subject,
+            internet_message_id or "",
+            _body_bytes(raw),
+        ),
+        normalization_notes=tuple(dict.fromkeys(parsed.notes)),
+    )
+
+
+def mime_depth(message: Message) -> int:
+    """How deep the MIME tree goes, computed without recursion."""
+    deepest = 0
+    stack: list[tuple[Message, int]] = [(message, 1)]
+    while stack:
+        part, depth = stack.pop()
+        deepest = max(deepest, depth)
+        if depth >= MAX_MIME_DEPTH:
+            continue
+        payload = part.get_payload()
+        if isinstance(payload, list):
+            stack.extend((child, depth + 1) for child in payload)  # pyright: ignore[reportUnknownVariableType, reportUnknownArgumentType]
+    return deepest
+
+
+def _leaves(message: Message) -> Iterator[Message]:
+    stack: list[tuple[Message, int]] = [(message, 1)]
+    while stack:
+        part, depth = stack.pop()
+        payload = part.get_payload()
+        if isinstance(payload, list):
+            if depth < MAX_MIME_DEPTH:
+                children: list[Message] = [p for p in payload if isinstance(p, Message)]  # pyright: ignore[reportUnknownVariableType]
+                stack.extend((child, depth + 1) for child in reversed(children))
+            continue
+        yield part
+
+
+def _attachment_parts(message: Message) -> Iterator[Message]:
+    for part in _leaves(message):
+        if part.get_content_disposition() == "attachment":
+            yield part
+
+
+def _part_text(part: Message) -> str:
+    try:
+        payload = part.get_payload(decode=True)
+    except Exception:
+        payload = None
+    if isinstance(payload, bytes):
+        return _decode_bytes(payload, part.get_content_charset())
+    raw = part.get_payload()
+    return raw if isinstance(raw, str) else ""
+
+
+def body(raw: bytes) -> MessageBody:
+    """The message's text and HTML content (the first of each, outside attachments)."""
+    parsed = parse(raw)
+    text: str | None = None
+    html: str | None = None
+    for part in _leaves(parsed.message):
+        if part.get_content_disposition() == "attachment":
+            continue
+        ctype = part.get_content_type()
+        if ctype == "text/plain" and text is None:
+            text = _part_text(part)
+        elif ctype == "text/html" and html is None:
+            html = _part_text(part)
+    return MessageBody(text=text or "", html=html)

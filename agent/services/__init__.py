@@ -1,0 +1,1 @@
+"""Lifecycle services: one module per verb. They import no vendor library."""

@@ -1,0 +1,344 @@
+"""Intake: one dispatcher cycle over a workspace's mailboxes, in the order of seed 000 s.4.
+
+1. licence and grant preflight (a failure gates work, never detection or recording)
+2. read each provider item and normalize it into the canonical envelope
+3. resolve exactly one workspace from the registry and the live context read-back
+4. derive the occurrence key
+5. claim it (the claim and the task write are one transaction)
+6. already claimed or done: record that disposition and create nothing
+7. claimed: the one task for the verified thread was created or updated with the claim
+8. triage deterministically (noise, context gaps, preflight) and route
+11. report, then reconcile the run
+Steps 9 and 10 (the work itself, approvals, replies) belong to the agent host.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from agent import crashpoints
+from agent.domain.context import MailboxBinding, StationConfig, WorkspaceContext
+from agent.domain.dispositions import Disposition
+from agent.domain.envelope import (
+    Envelope,
+    OccurrenceScope,
+    compose_key,
+    occurrence_key,
+    work_key,
+)
+from agent.domain.execution import ClaimOutcome
+from agent.domain.mail import ScannedMessage
+from agent.domain.records import (
+    ClaimRequest,
+    EscalationDraft,
+    ReportRequest,
+    TaskDraft,
+)
+from agent.domain.registry import Candidate, ResolutionStatus, resolve_workspace
+from agent.domain.run import LedgerEntry, Reconciliation
+from agent.domain.task import MessageRef, NextAction, normalize_subject
+from agent.ports import Clock, MailProvider, Store
+from agent.services import classify
+from agent.services.holder import current_holder, holder_alive
+from agent.services.workspaces import DataDir, candidates, load_context, load_station
+
+SERVICE = "email-intake"
+STATION_SCOPE = "station"
+PACKAGE_VERSION = "outloop-0.1.0"
+
+
+@dataclass(frozen=True)
+class ItemOutcome:
+    item_ref: str
+    disposition: Disposition
+    claim: ClaimOutcome | None
+    task_id: str | None
+    task_created: bool
+    detail: str
+
+
+@dataclass(frozen=True)
+class Progress:
+    done: int
+    total: int
+    outcome: ItemOutcome
+
+
+@dataclass
+class RunResult:
+    run_id: str
+    workspace_id: str
+    items: list[ItemOutcome] = field(default_factory=list[ItemOutcome])
+    reconciliation: Reconciliation | None = None
+
+
+@dataclass(frozen=True)
+class _Planned:
+    scanned: ScannedMessage
+    mailbox: MailboxBinding
+    owner: str  # workspace id, or the station scope
+    key: str
+    reason: str  # why the item is escalated ("" when it resolved)
+
+    @property
+    def envelope(self) -> Envelope | None:
+        return self.scanned.envelope
+
+
+ProviderFactory = Callable[[MailboxBinding], MailProvider]
+
+
+async def run_cycle(
+    *,
+    store: Store,
+    data_dir: DataDir,
+    workspace_id: str,
+    provider_for: ProviderFactory,
+    clock: Clock,
+    holder: str | None = None,
+    on_progress: Callable[[Progress], None] | None = None,
+) -> RunResult:
+    """Run one intake cycle for a workspace and reconcile it."""
+    holder = holder or current_holder()
+    context = load_context(store, workspace_id)  # live context, re-read on every run
+    station = load_station(data_dir)
+    run_id = f"run-{uuid.uuid4().hex}"
+    store.start_run(run_id, workspace_id, clock.now())
+    result = RunResult(run_id=run_id, workspace_id=workspace_id)
+
+    planned: list[_Planned] = []
+    for binding in context.mailboxes:
+        provider = provider_for(binding)
+        cands = candidates(store, binding.provider, binding.mailbox_id)
+        async for scanned in provider.scan():
+            plan = _plan(scanned, binding, cands, workspace_id)
+            if plan is not None:
+                planned.append(plan)
+    store.record_scanned(
+        [
+            LedgerEntry(
+                run_id=run_id, item_ref=p.scanned.item_ref, occurrence_key=p.key, detail=p.reason
+            )
+            for p in planned
+        ],
+        clock.now(),
+    )
+    # Oldest first by the canonical received_at; unreadable items last.
+    planned.sort(
+        key=lambda p: (
+            p.envelope is None,
+            p.envelope.received_at.timestamp() if p.envelope else 0.0,
+            p.scanned.item_ref,
+        )
+    )
+    preflights = {
+        b.mailbox_id: classify.preflight(context, b.mailbox_id) for b in context.mailboxes
+    }
+    for index, plan in enumerate(planned, start=1):
+        request = ClaimRequest(
+            key=plan.key,
+            service=SERVICE,
+            holder=holder,
+            run_id=run_id,
+            item_ref=plan.scanned.item_ref,
+        )
+        if plan.owner == workspace_id and plan.envelope is not None and not plan.reason:
+            outcome = await _handle(
+                store, context, plan.envelope, request, preflights[plan.mailbox.mailbox_id], clock
+            )
+        else:
+            outcome = _escalate(store, context, station, plan, request, clock)
+        result.items.append(outcome)
+        if on_progress is not None:
+            on_progress(Progress(done=index, total=len(planned), outcome=outcome))
+    result.reconciliation = store.reconcile(run_id, clock.now())
+    return result
+
+
+def _plan(
+    scanned: ScannedMessage,
+    binding: MailboxBinding,
+    cands: list[Candidate],
+    workspace_id: str,
+) -> _Planned | None:
+    envelope = scanned.envelope
+    if envelope is None:
+        # Unreadable: it cannot be bound by shared-mailbox rules, so only an unshared
+        # mailbox's own workspace escalates it; otherwise the station does.
+        owner = STATION_SCOPE if binding.shared else workspace_id
+        key = compose_key(
+            owner, binding.provider, binding.mailbox_id, "unreadable", scanned.item_ref
+        )
+        return _Planned(scanned, binding, owner, key, f"could not be normalized: {scanned.error}")
+    resolution = resolve_workspace(envelope, cands)
+    if resolution.status is ResolutionStatus.RESOLVED:
+        if resolution.workspace_id != workspace_id:
+            return None  # another workspace's item in a shared mailbox: not read here
+        return _Planned(
+            scanned,
+            binding,
+            workspace_id,
+            occurrence_key(workspace_id, envelope, OccurrenceScope.MESSAGE),
+            "",
+        )
+    if resolution.status is ResolutionStatus.ESCALATE_IN_WORKSPACE:
+        if resolution.workspace_id != workspace_id:
+            return None
+        return _Planned(
+            scanned,
+            binding,
+            workspace_id,
+            occurrence_key(workspace_id, envelope),
+            resolution.reason,
+        )
+    return _Planned(
+        scanned, binding, STATION_SCOPE, occurrence_key(STATION_SCOPE, envelope), resolution.reason
+    )
+
+
+async def _handle(
+    store: Store,
+    context: WorkspaceContext,
+    envelope: Envelope,
+    request: ClaimRequest,
+    preflight_failure: str | None,
+    clock: Clock,
+) -> ItemOutcome:
+    now = clock.now()
+    sender_contact = context.contact(envelope.sender.address)
+    draft = TaskDraft(
+        task_id=f"task-{uuid.uuid4().hex}",
+        workspace_id=context.workspace_id,
+        work_key=work_key(context.workspace_id, envelope),
+        provider=envelope.provider,
+        mailbox_id=envelope.mailbox_id,
+        provider_thread_id=envelope.provider_thread_id,
+        link_message_ids=tuple(
+            dict.fromkeys(
+                (*((envelope.in_reply_to,) if envelope.in_reply_to else ()), *envelope.references)
+            )
+        ),
+        title=normalize_subject(envelope.subject),
+        original_subject=envelope.subject,
+        received_at=envelope.received_at,
+        message=MessageRef(
+            provider_message_id=envelope.provider_message_id,
+            internet_message_id=envelope.internet_message_id,
+            received_at=envelope.received_at,
+            sender=envelope.sender.address,
+        ),
+        sender_identity=envelope.sender.address,
+        sender_side=sender_contact.side.value if sender_contact and sender_contact.side else None,
+        client_send_policy=context.client_send_policy.value,
+        project_id=context.task_board.project_id,
+        intake_location_id=context.task_board.intake_location_id,
+        next_action=NextAction(
+            description="triage the new message", owner=classify.work_owner(context)
+        ),
+        package_version=PACKAGE_VERSION,
+    )
+    claimed = store.claim(request, draft, now, holder_alive)
+    if claimed.outcome is not ClaimOutcome.CLAIMED:
+        return ItemOutcome(
+            request.item_ref,
+            claimed.outcome.disposition(),
+            claimed.outcome,
+            None,
+            False,
+            f"execution held by {claimed.execution.holder}",
+        )
+    crashpoints.hit("after_claim_txn")
+    task = claimed.task
+    assert task is not None
+    verdict = classify.triage(
+        context, envelope, task, claimed.task_created, preflight_failure, clock.now()
+    )
+    store.report(
+        ReportRequest(
+            key=request.key,
+            holder=request.holder,
+            run_id=request.run_id,
+            item_ref=request.item_ref,
+            disposition=verdict.disposition,
+            detail=verdict.detail,
+            task_update=verdict.update,
+        ),
+        clock.now(),
+    )
+    return ItemOutcome(
+        request.item_ref,
+        verdict.disposition,
+        ClaimOutcome.CLAIMED,
+        task.task_id,
+        claimed.task_created,
+        verdict.detail,
+    )
+
+
+def _escalate(
+    store: Store,
+    context: WorkspaceContext,
+    station: StationConfig,
+    plan: _Planned,
+    request: ClaimRequest,
+    clock: Clock,
+) -> ItemOutcome:
+    """Escalate an item no workspace can own (or whose binding is unverified)."""
+    now = clock.now()
+    if plan.owner == STATION_SCOPE:
+        queue, assignee, source = (
+            station.unresolved_queue,
+            station.escalation_contact,
+            "station.yaml",
+        )
+    else:
+        queue, assignee, source = (
+            context.unresolved_queue,
+            context.escalation_contact,
+            f"workspace {context.workspace_id} context",
+        )
+    missing = [
+        name
+        for name, value in (("unresolved_queue", queue), ("escalation_contact", assignee))
+        if not value
+    ]
+    detail = plan.reason
+    if missing:
+        for name in missing:
+            store.record_health(
+                f"{source}: {name}",
+                f"{source} has no {name}: escalated items cannot reach a queue or a person",
+                now,
+            )
+        detail += f"; {source} is missing {', '.join(missing)} (see the station health record)"
+    draft = EscalationDraft(
+        scope=plan.owner,
+        queue=queue or "",
+        assignee=assignee or "",
+        reason=plan.reason,
+        provider=plan.mailbox.provider,
+        mailbox_id=plan.mailbox.mailbox_id,
+        item_ref=plan.scanned.item_ref,
+    )
+    claimed = store.claim(request, draft, now, holder_alive)
+    if claimed.outcome is not ClaimOutcome.CLAIMED:
+        return ItemOutcome(
+            request.item_ref, claimed.outcome.disposition(), claimed.outcome, None, False, ""
+        )
+    crashpoints.hit("after_claim_txn")
+    store.report(
+        ReportRequest(
+            key=request.key,
+            holder=request.holder,
+            run_id=request.run_id,
+            item_ref=request.item_ref,
+            disposition=Disposition.ESCALATED,
+            detail=detail,
+        ),
+        clock.now(),
+    )
+    return ItemOutcome(
+        request.item_ref, Disposition.ESCALATED, ClaimOutcome.CLAIMED, None, False, detail
+    )

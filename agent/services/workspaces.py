@@ -1,0 +1,172 @@
+"""The workspace registry: register, update and read back workspaces in one data directory.
+
+A public install starts with zero rows. Each workspace is registered from its Workspace
+Context file; the registry keeps a copy beside it, and every run re-reads that copy.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+
+import yaml
+
+from agent.domain.context import (
+    StationConfig,
+    WorkspaceContext,
+    parse_context,
+    parse_station,
+)
+from agent.domain.errors import ContextError, RegistryError
+from agent.domain.records import Binding, WorkspaceRow
+from agent.domain.registry import Candidate
+from agent.ports import Store
+
+STATION_FILE = "station.yaml"
+
+
+@dataclass(frozen=True)
+class DataDir:
+    """The layout of one Outloop data directory."""
+
+    root: Path
+
+    @property
+    def database(self) -> Path:
+        return self.root / "outloop.db"
+
+    @property
+    def station_file(self) -> Path:
+        return self.root / STATION_FILE
+
+    def context_file(self, workspace_id: str) -> Path:
+        return self.root / "workspaces" / workspace_id / "context.yaml"
+
+
+def read_context_file(path: Path) -> tuple[WorkspaceContext, str]:
+    """Parse a context file; returns the context and the sha256 of its bytes."""
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise ContextError(
+            f"cannot read the Workspace Context file {path}: {exc.strerror}"
+        ) from exc
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ContextError(f"{path} is not UTF-8 text") from exc
+    return parse_context(text, source=str(path)), hashlib.sha256(data).hexdigest()
+
+
+def _bindings(context: WorkspaceContext) -> list[Binding]:
+    return [
+        Binding(
+            workspace_id=context.workspace_id,
+            provider=m.provider,
+            mailbox_id=m.mailbox_id,
+            shared=m.shared,
+        )
+        for m in context.mailboxes
+    ]
+
+
+def _resolve_paths(context: WorkspaceContext, base: Path) -> str:
+    """The context text to store, with relative Maildir paths made absolute."""
+    data = context.model_dump(mode="json", by_alias=True, exclude_defaults=False)
+    for mailbox in data["mailboxes"]:
+        if mailbox.get("path"):
+            mailbox["path"] = str((base / mailbox["path"]).resolve())
+    return yaml.safe_dump(data, sort_keys=False, allow_unicode=True)
+
+
+def _save_copy(data_dir: DataDir, context: WorkspaceContext, source: Path) -> tuple[Path, str]:
+    target = data_dir.context_file(context.workspace_id)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    text = _resolve_paths(context, source.parent)
+    tmp = target.with_suffix(".yaml.tmp")
+    tmp.write_text(text, encoding="utf-8")
+    tmp.replace(target)
+    return target, hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def add_workspace(store: Store, data_dir: DataDir, source: Path, now: datetime) -> WorkspaceRow:
+    context, _ = read_context_file(source)
+    if store.get_workspace(context.workspace_id) is not None:
+        raise RegistryError(
+            f"workspace {context.workspace_id} is already registered; use 'outloop workspace "
+            "update' to replace its context"
+        )
+    path, sha = _save_copy(data_dir, context, source)
+    row = WorkspaceRow(
+        workspace_id=context.workspace_id,
+        label=context.label,
+        context_path=str(path),
+        context_sha256=sha,
+        registered_at=now,
+        updated_at=now,
+    )
+    store.register_workspace(row, _bindings(context))
+    return row
+
+
+def update_workspace(store: Store, data_dir: DataDir, source: Path, now: datetime) -> WorkspaceRow:
+    context, _ = read_context_file(source)
+    existing = store.get_workspace(context.workspace_id)
+    if existing is None:
+        raise RegistryError(
+            f"workspace {context.workspace_id} is not registered; use 'outloop workspace add' "
+            "first (the workspace_id in the file decides which workspace is updated)"
+        )
+    path, sha = _save_copy(data_dir, context, source)
+    row = existing.model_copy(
+        update={
+            "label": context.label,
+            "context_path": str(path),
+            "context_sha256": sha,
+            "updated_at": now,
+        }
+    )
+    store.update_workspace(row, _bindings(context))
+    return row
+
+
+def load_context(store: Store, workspace_id: str) -> WorkspaceContext:
+    """Read back the live context of a registered workspace (re-read on every run)."""
+    row = store.get_workspace(workspace_id)
+    if row is None:
+        raise RegistryError(
+            f"no workspace {workspace_id} is registered here; register it with 'outloop "
+            "workspace add --context FILE'"
+        )
+    context, _ = read_context_file(Path(row.context_path))
+    if context.workspace_id != workspace_id:
+        raise ContextError(
+            f"{row.context_path} now names workspace {context.workspace_id}, not {workspace_id}"
+        )
+    return context
+
+
+def candidates(store: Store, provider: str, mailbox_id: str) -> list[Candidate]:
+    """Registry rows for a mailbox, each with its live context read back (or why not)."""
+    out: list[Candidate] = []
+    for binding in store.bindings_for_mailbox(provider, mailbox_id):
+        row = store.get_workspace(binding.workspace_id)
+        if row is None:
+            continue
+        try:
+            context, _ = read_context_file(Path(row.context_path))
+        except ContextError as exc:
+            out.append(Candidate(binding.workspace_id, None, None, str(exc)))
+            continue
+        out.append(Candidate(binding.workspace_id, context.mailbox(provider, mailbox_id), context))
+    return out
+
+
+def load_station(data_dir: DataDir) -> StationConfig:
+    """The station file; a missing file is an empty configuration (health names the keys)."""
+    path = data_dir.station_file
+    if not path.exists():
+        return StationConfig()
+    return parse_station(path.read_text(encoding="utf-8"), source=str(path))

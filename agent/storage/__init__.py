@@ -1,0 +1,1 @@
+"""Store backends: SQLite (the embedded default) and, at scale, PostgreSQL."""

@@ -1,0 +1,112 @@
+"""Versioned schema migrations, applied once, in order, inside one write transaction.
+
+Times are stored as UTC epoch seconds (REAL) so ordering and lease comparisons are numeric.
+"""
+
+from __future__ import annotations
+
+MIGRATIONS: tuple[tuple[int, tuple[str, ...]], ...] = (
+    (
+        1,
+        (
+            """CREATE TABLE workspaces (
+                workspace_id TEXT PRIMARY KEY,
+                label TEXT NOT NULL,
+                context_path TEXT NOT NULL,
+                context_sha256 TEXT NOT NULL,
+                registered_at REAL NOT NULL,
+                updated_at REAL NOT NULL
+            )""",
+            """CREATE TABLE mailbox_bindings (
+                provider TEXT NOT NULL,
+                mailbox_id TEXT NOT NULL,
+                workspace_id TEXT NOT NULL REFERENCES workspaces (workspace_id),
+                shared INTEGER NOT NULL,
+                PRIMARY KEY (provider, mailbox_id, workspace_id)
+            )""",
+            """CREATE TABLE executions (
+                key TEXT PRIMARY KEY,
+                service TEXT NOT NULL,
+                holder TEXT NOT NULL,
+                state TEXT NOT NULL CHECK (state IN ('CLAIMED', 'DONE', 'RETRY_PENDING')),
+                generation INTEGER NOT NULL,
+                lease_expires_at REAL NOT NULL,
+                retry_at REAL,
+                outcome TEXT,
+                result TEXT,
+                run_id TEXT,
+                item_ref TEXT,
+                task_id TEXT,
+                claimed_at REAL NOT NULL,
+                reported_at REAL
+            ) WITHOUT ROWID""",
+            """CREATE TABLE tasks (
+                task_id TEXT PRIMARY KEY,
+                workspace_id TEXT NOT NULL,
+                work_key TEXT NOT NULL UNIQUE,
+                state TEXT NOT NULL,
+                terminal INTEGER NOT NULL,
+                received_at REAL NOT NULL,
+                record TEXT NOT NULL
+            )""",
+            "CREATE INDEX tasks_queue ON tasks (workspace_id, terminal, received_at)",
+            """CREATE TABLE task_threads (
+                work_key TEXT PRIMARY KEY,
+                task_id TEXT NOT NULL REFERENCES tasks (task_id)
+            ) WITHOUT ROWID""",
+            """CREATE TABLE task_messages (
+                task_id TEXT NOT NULL REFERENCES tasks (task_id),
+                workspace_id TEXT NOT NULL,
+                provider TEXT NOT NULL,
+                mailbox_id TEXT NOT NULL,
+                provider_message_id TEXT NOT NULL,
+                internet_message_id TEXT,
+                received_at REAL NOT NULL,
+                PRIMARY KEY (task_id, provider_message_id)
+            ) WITHOUT ROWID""",
+            """CREATE INDEX task_messages_link
+                ON task_messages (workspace_id, provider, mailbox_id, internet_message_id)""",
+            """CREATE TABLE task_events (
+                task_id TEXT NOT NULL REFERENCES tasks (task_id),
+                at REAL NOT NULL,
+                state TEXT NOT NULL,
+                evidence TEXT NOT NULL
+            )""",
+            """CREATE TABLE runs (
+                run_id TEXT PRIMARY KEY,
+                scope TEXT NOT NULL,
+                started_at REAL NOT NULL,
+                reconciled_at REAL,
+                clean INTEGER,
+                summary TEXT
+            )""",
+            """CREATE TABLE run_items (
+                run_id TEXT NOT NULL REFERENCES runs (run_id),
+                item_ref TEXT NOT NULL,
+                occurrence_key TEXT,
+                disposition TEXT,
+                detail TEXT,
+                scanned_at REAL NOT NULL,
+                decided_at REAL,
+                PRIMARY KEY (run_id, item_ref)
+            ) WITHOUT ROWID""",
+            """CREATE TABLE escalations (
+                occurrence_key TEXT PRIMARY KEY,
+                scope TEXT NOT NULL,
+                queue TEXT NOT NULL,
+                assignee TEXT NOT NULL,
+                reason TEXT NOT NULL,
+                provider TEXT NOT NULL,
+                mailbox_id TEXT NOT NULL,
+                item_ref TEXT NOT NULL,
+                created_at REAL NOT NULL
+            ) WITHOUT ROWID""",
+            """CREATE TABLE health (
+                key TEXT PRIMARY KEY,
+                detail TEXT NOT NULL,
+                count INTEGER NOT NULL,
+                recorded_at REAL NOT NULL
+            )""",
+        ),
+    ),
+)

@@ -1,0 +1,810 @@
+"""The embedded store: SQLite in WAL mode, every write in a ``BEGIN IMMEDIATE`` transaction.
+
+Uniqueness comes from UNIQUE constraints alone: the claim is an ``INSERT ... ON CONFLICT DO
+NOTHING RETURNING`` on the execution key, in the same transaction as the task write. There is
+no check-then-act and no advisory lock.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+from agent import crashpoints
+from agent.domain.dispositions import (
+    CLAIM_RACE,
+    NON_TERMINAL,
+    TERMINAL,
+    Disposition,
+    parse_disposition,
+)
+from agent.domain.errors import RegistryError, StoreError
+from agent.domain.execution import ClaimOutcome, ExecutionRecord, ExecutionState
+from agent.domain.records import (
+    Binding,
+    ClaimRequest,
+    ClaimResult,
+    Escalation,
+    EscalationDraft,
+    HealthRecord,
+    ReportRequest,
+    TaskDraft,
+    WorkspaceRow,
+)
+from agent.domain.run import LedgerEntry, Reconciliation
+from agent.domain.states import TERMINAL_STATES, TaskState, after_inbound, check_transition
+from agent.domain.task import ReadinessTier, Task
+from agent.storage.schema import MIGRATIONS
+
+BUSY_TIMEOUT_S = 60.0
+"""How long a writer waits for the write lock before the store gives up with an error."""
+
+
+def connect(path: Path) -> sqlite3.Connection:
+    """A connection with the store's settings: WAL, synchronous=FULL, a busy timeout, and
+    explicit transactions only (autocommit mode; every write runs in BEGIN IMMEDIATE)."""
+    conn = sqlite3.connect(
+        str(path), isolation_level=None, timeout=BUSY_TIMEOUT_S, check_same_thread=False
+    )
+    conn.execute("PRAGMA journal_mode=WAL")
+    conn.execute("PRAGMA synchronous=FULL")
+    conn.execute("PRAGMA foreign_keys=ON")
+    return conn
+
+
+def _is_busy(exc: sqlite3.OperationalError) -> bool:
+    text = str(exc).lower()
+    return "locked" in text or "busy" in text
+
+
+def begin_immediate(conn: sqlite3.Connection, path: Path) -> None:
+    """Take the write lock up front. SQLite's busy handler waits up to BUSY_TIMEOUT_S; a
+    lock still held after that is an error that says so, never a silent retry loop."""
+    try:
+        conn.execute("BEGIN IMMEDIATE")
+    except sqlite3.OperationalError as exc:
+        if _is_busy(exc):
+            raise StoreError(
+                f"the database {path} stayed locked for {BUSY_TIMEOUT_S:.0f}s; is a process "
+                "stuck holding a write transaction?"
+            ) from exc
+        raise
+
+
+def _ts(moment: datetime) -> float:
+    return moment.timestamp()
+
+
+def _dt(value: float | None) -> datetime | None:
+    return None if value is None else datetime.fromtimestamp(value, UTC)
+
+
+def _is_busy(exc: sqlite3.OperationalError) -> bool:
+    text = str(exc).lower()
+    return "locked" in text or "busy" in text
+
+
+class SqliteStore:
+    """The Store port on one SQLite database file (thread-safe per instance)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self._lock = threading.RLock()
+        self._conn = connect(path)
+        self._conn.row_factory = sqlite3.Row
+        self._migrate()
+
+    # -- plumbing ---------------------------------------------------------------------------
+
+    def close(self) -> None:
+        with self._lock:
+            self._conn.close()
+
+    @contextmanager
+    def _tx(self) -> Iterator[sqlite3.Connection]:
+        """One ``BEGIN IMMEDIATE`` transaction; the write lock is taken up front."""
+        with self._lock:
+            begin_immediate(self._conn, self.path)
+            try:
+                yield self._conn
+            except BaseException:
+                self._conn.execute("ROLLBACK")
+                raise
+            else:
+                self._conn.execute("COMMIT")
+
+    def _read(self, sql: str, params: Sequence[Any] = ()) -> list[sqlite3.Row]:
+        with self._lock:
+            return list(self._conn.execute(sql, params))
+
+    def _migrate(self) -> None:
+        with self._tx() as conn:
+            conn.execute("CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL)")
+            row = conn.execute("SELECT max(version) AS v FROM schema_version").fetchone()
+            current = int(row["v"] or 0)
+            for version, statements in MIGRATIONS:
+                if version <= current:
+                    continue
+                for statement in statements:
+                    conn.execute(statement)
+                conn.execute("INSERT INTO schema_version (version) VALUES (?)", (version,))
+
+    def schema_version(self) -> int:
+        return int(self._read("SELECT max(version) AS v FROM schema_version")[0]["v"])
+
+    def integrity_check(self) -> str:
+        return str(self._read("PRAGMA integrity_check")[0][0])
+
+    # -- registry ---------------------------------------------------------------------------
+
+    def register_workspace(self, row: WorkspaceRow, bindings: Sequence[Binding]) -> None:
+        with self._tx() as conn:
+            try:
+                conn.execute(
+                    "INSERT INTO workspaces (workspace_id, label, context_path, context_sha256,"
+                    " registered_at, updated_at) VALUES (?, ?, ?, ?, ?, ?)",
+                    (
+                        row.workspace_id,
+                        row.label,
+                        row.context_path,
+                        row.context_sha256,
+                        _ts(row.registered_at),
+                        _ts(row.updated_at),
+                    ),
+                )
+            except sqlite3.IntegrityError:
+                raise RegistryError(
+                    f"workspace {row.workspace_id} is already registered; use "
+                    "'outloop workspace update' to replace its context"
+                ) from None
+            self._write_bindings(conn, row.workspace_id, bindings)
+
+    def update_workspace(self, row: WorkspaceRow, bindings: Sequence[Binding]) -> None:
+        with self._tx() as conn:
+            cur = conn.execute(
+                "UPDATE workspaces SET label = ?, context_path = ?, context_sha256 = ?,"
+                " updated_at = ? WHERE workspace_id = ?",
+                (
+                    row.label,
+                    row.context_path,
+                    row.context_sha256,
+                    _ts(row.updated_at),
+                    row.workspace_id,
+                ),
+            )
+            if cur.rowcount != 1:
+                raise RegistryError(
+                    f"workspace {row.workspace_id} is not registered; use 'outloop workspace "
+                    "add' first"
+                )
+            conn.execute("DELETE FROM mailbox_bindings WHERE workspace_id = ?", (row.workspace_id,))
+            self._write_bindings(conn, row.workspace_id, bindings)
+
+    @staticmethod
+    def _write_bindings(
+        conn: sqlite3.Connection, workspace_id: str, bindings: Sequence[Binding]
+    ) -> None:
+        conn.executemany(
+            "INSERT INTO mailbox_bindings (provider, mailbox_id, workspace_id, shared)"
+            " VALUES (?, ?, ?, ?)",
+            [(b.provider, b.mailbox_id, workspace_id, int(b.shared)) for b in bindings],
+        )
+
+    @staticmethod
+    def _workspace(row: sqlite3.Row) -> WorkspaceRow:
+        return WorkspaceRow(
+            workspace_id=row["workspace_id"],
+            label=row["label"],
+            context_path=row["context_path"],
+            context_sha256=row["context_sha256"],
+            registered_at=_dt(row["registered_at"]) or datetime.now(UTC),
+            updated_at=_dt(row["updated_at"]) or datetime.now(UTC),
+        )
+
+    def get_workspace(self, workspace_id: str) -> WorkspaceRow | None:
+        rows = self._read("SELECT * FROM workspaces WHERE workspace_id = ?", (workspace_id,))
+        return self._workspace(rows[0]) if rows else None
+
+    def list_workspaces(self) -> list[WorkspaceRow]:
+        return [self._workspace(r) for r in self._read("SELECT * FROM workspaces ORDER BY 1")]
+
+    def bindings_for_mailbox(self, provider: str, mailbox_id: str) -> list[Binding]:
+        rows = self._read(
+            "SELECT * FROM mailbox_bindings WHERE provider = ? AND mailbox_id = ?"
+            " ORDER BY workspace_id",
+            (provider, mailbox_id.lower()),
+        )
+        return [
+            Binding(
+                workspace_id=r["workspace_id"],
+                provider=r["provider"],
+                mailbox_id=r["mailbox_id"],
+                shared=bool(r["shared"]),
+            )
+            for r in rows
+        ]
+
+    # -- run ledger -------------------------------------------------------------------------
+
+    def start_run(self, run_id: str, scope: str, started_at: datetime) -> None:
+        with self._tx() as conn:
+            conn.execute(
+                "INSERT INTO runs (run_id, scope, started_at) VALUES (?, ?, ?)",
+                (run_id, scope, _ts(started_at)),
+            )
+
+    def record_scanned(self, entries: Sequence[LedgerEntry], now: datetime) -> None:
+        with self._tx() as conn:
+            conn.executemany(
+                "INSERT INTO run_items (run_id, item_ref, occurrence_key, detail, scanned_at)"
+                " VALUES (?, ?, ?, ?, ?) ON CONFLICT (run_id, item_ref) DO NOTHING",
+                [(e.run_id, e.item_ref, e.occurrence_key, e.detail, _ts(now)) for e in entries],
+            )
+
+    @staticmethod
+    def _set_disposition(
+        conn: sqlite3.Connection,
+        run_id: str,
+        item_ref: str,
+        disposition: Disposition,
+        detail: str,
+        now: datetime,
+    ) -> None:
+        cur = conn.execute(
+            "UPDATE run_items SET disposition = ?, detail = CASE WHEN ? = '' THEN detail ELSE ?"
+            " END, decided_at = ? WHERE run_id = ? AND item_ref = ? AND disposition IS NULL",
+            (disposition.value, detail, detail, _ts(now), run_id, item_ref),
+        )
+        if cur.rowcount != 1:
+            existing = conn.execute(
+                "SELECT disposition FROM run_items WHERE run_id = ? AND item_ref = ?",
+                (run_id, item_ref),
+            ).fetchone()
+            if existing is None:
+                raise StoreError(
+                    f"item {item_ref} was never recorded as scanned in run {run_id}; record "
+                    "the scan before deciding its disposition"
+                )
+            raise StoreError(
+                f"item {item_ref} already has disposition {existing['disposition']} in run "
+                f"{run_id}; an item gets exactly one disposition per run"
+            )
+
+    def record_disposition(
+        self, run_id: str, item_ref: str, disposition: Disposition, detail: str, now: datetime
+    ) -> None:
+        with self._tx() as conn:
+            self._set_disposition(conn, run_id, item_ref, disposition, detail, now)
+
+    def ledger(self, run_id: str) -> list[LedgerEntry]:
+        rows = self._read(
+            "SELECT * FROM run_items WHERE run_id = ? ORDER BY scanned_at, item_ref", (run_id,)
+        )
+        return [
+            LedgerEntry(
+                run_id=r["run_id"],
+                item_ref=r["item_ref"],
+                occurrence_key=r["occurrence_key"],
+                disposition=parse_disposition(r["disposition"]) if r["disposition"] else None,
+                detail=r["detail"] or "",
+            )
+            for r in rows
+        ]
+
+    def reconcile(self, run_id: str, now: datetime) -> Reconciliation:
+        with self._tx() as conn:
+            if conn.execute("SELECT 1 FROM runs WHERE run_id = ?", (run_id,)).fetchone() is None:
+                raise StoreError(f"run {run_id} does not exist; nothing to reconcile")
+            # An item whose report committed but whose run died before the ledger caught up
+            # takes the outcome the execution record holds for this very run and item.
+            recovered = conn.execute(
+                "UPDATE run_items SET disposition = (SELECT e.outcome FROM executions e"
+                "  WHERE e.key = run_items.occurrence_key AND e.state = 'DONE'"
+                "  AND e.run_id = run_items.run_id AND e.item_ref = run_items.item_ref),"
+                " detail = 'recovered from the execution record', decided_at = ?"
+                " WHERE run_id = ? AND disposition IS NULL AND EXISTS (SELECT 1 FROM"
+                "  executions e WHERE e.key = run_items.occurrence_key AND e.state = 'DONE'"
+                "  AND e.run_id = run_items.run_id AND e.item_ref = run_items.item_ref)",
+                (_ts(now), run_id),
+            ).rowcount
+            conn.execute(
+                "UPDATE run_items SET disposition = 'RECONCILIATION_FAILED', decided_at = ?,"
+                " detail = 'no outcome was recorded for this item in this run'"
+                " WHERE run_id = ? AND disposition IS NULL",
+                (_ts(now), run_id),
+            )
+            crashpoints.hit("mid_reconcile")
+            counts: dict[str, int] = {
+                r["disposition"]: int(r["n"])
+                for r in conn.execute(
+                    "SELECT disposition, count(*) AS n FROM run_items WHERE run_id = ?"
+                    " GROUP BY disposition",
+                    (run_id,),
+                )
+            }
+            scanned = sum(counts.values())
+            by = {parse_disposition(k): v for k, v in counts.items()}
+            terminal = sum(v for k, v in by.items() if k in TERMINAL)
+            non_terminal = sum(v for k, v in by.items() if k in NON_TERMINAL)
+            race = sum(v for k, v in by.items() if k in CLAIM_RACE)
+            failed = by.get(Disposition.RECONCILIATION_FAILED, 0)
+            clean = failed == 0 and scanned == terminal + non_terminal + race
+            result = Reconciliation(
+                run_id=run_id,
+                scanned=scanned,
+                terminal=terminal,
+                non_terminal=non_terminal,
+                claim_race=race,
+                reconciliation_failed=failed,
+                recovered=recovered,
+                by_disposition={k.value: v for k, v in sorted(by.items())},
+                clean=clean,
+                reconciled_at=now,
+            )
+            conn.execute(
+                "UPDATE runs SET reconciled_at = ?, clean = ?, summary = ? WHERE run_id = ?",
+                (_ts(now), int(clean), result.model_dump_json(), run_id),
+            )
+            return result
+
+    # -- claims -----------------------------------------------------------------------------
+
+    @staticmethod
+    def _execution(row: sqlite3.Row) -> ExecutionRecord:
+        return ExecutionRecord(
+            key=row["key"],
+            service=row["service"],
+            holder=row["holder"],
+            state=ExecutionState(row["state"]),
+            generation=int(row["generation"]),
+            lease_expires_at=_dt(row["lease_expires_at"]) or datetime.now(UTC),
+            retry_at=_dt(row["retry_at"]),
+            outcome=parse_disposition(row["outcome"]) if row["outcome"] else None,
+            result=row["result"],
+            run_id=row["run_id"],
+            item_ref=row["item_ref"],
+            task_id=row["task_id"],
+            claimed_at=_dt(row["claimed_at"]) or datetime.now(UTC),
+            reported_at=_dt(row["reported_at"]),
+        )
+
+    def claim(
+        self,
+        request: ClaimRequest,
+        draft: TaskDraft | EscalationDraft,
+        now: datetime,
+        holder_alive: Callable[[str], bool],
+    ) -> ClaimResult:
+        lease = _ts(now + timedelta(seconds=request.lease_seconds))
+        with self._tx() as conn:
+            row = conn.execute(
+                "INSERT INTO executions (key, service, holder, state, generation,"
+                " lease_expires_at, run_id, item_ref, claimed_at)"
+                " VALUES (?, ?, ?, 'CLAIMED', 1, ?, ?, ?, ?)"
+                " ON CONFLICT (key) DO NOTHING RETURNING *",
+                (
+                    request.key,
+                    request.service,
+                    request.holder,
+                    lease,
+                    request.run_id,
+                    request.item_ref,
+                    _ts(now),
+                ),
+            ).fetchone()
+            taken_over = False
+            if row is None:
+                existing = conn.execute(
+                    "SELECT * FROM executions WHERE key = ?", (request.key,)
+                ).fetchone()
+                record = self._execution(existing)
+                outcome = self._contest(record, now, holder_alive)
+                if outcome is not None:
+                    self._set_disposition(
+                        conn,
+                        request.run_id,
+                        request.item_ref,
+                        outcome.disposition(),
+                        f"held by {record.holder}"
+                        if outcome is ClaimOutcome.EXECUTION_ALREADY_CLAIMED
+                        else "",
+                        now,
+                    )
+                    return ClaimResult(outcome=outcome, execution=record)
+                row = conn.execute(
+                    "UPDATE executions SET holder = ?, state = 'CLAIMED', generation ="
+                    " generation + 1, lease_expires_at = ?, retry_at = NULL, run_id = ?,"
+                    " item_ref = ?, claimed_at = ? WHERE key = ? AND generation = ?"
+                    " RETURNING *",
+                    (
+                        request.holder,
+                        lease,
+                        request.run_id,
+                        request.item_ref,
+                        _ts(now),
+                        request.key,
+                        record.generation,
+                    ),
+                ).fetchone()
+                if row is None:  # pragma: no cover - the write lock makes this unreachable
+                    raise StoreError(f"claim takeover of {request.key} lost a race")
+                taken_over = True
+            if isinstance(draft, EscalationDraft):
+                conn.execute(
+                    "INSERT INTO escalations (occurrence_key, scope, queue, assignee, reason,"
+                    " provider, mailbox_id, item_ref, created_at)"
+                    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
+                    (
+                        request.key,
+                        draft.scope,
+                        draft.queue,
+                        draft.assignee,
+                        draft.reason,
+                        draft.provider,
+                        draft.mailbox_id,
+                        draft.item_ref,
+                        _ts(now),
+                    ),
+                )
+                crashpoints.hit("after_task_write")
+                return ClaimResult(
+                    outcome=ClaimOutcome.CLAIMED,
+                    execution=self._execution(row),
+                    taken_over=taken_over,
+                )
+            task, created = self._upsert_task(conn, draft, now)
+            row = conn.execute(
+                "UPDATE executions SET task_id = ? WHERE key = ? RETURNING *",
+                (task.task_id, request.key),
+            ).fetchone()
+            crashpoints.hit("after_task_write")
+            return ClaimResult(
+                outcome=ClaimOutcome.CLAIMED,
+                execution=self._execution(row),
+                task=task,
+                task_created=created,
+                taken_over=taken_over,
+            )
+
+    @staticmethod
+    def _contest(
+        record: ExecutionRecord, now: datetime, holder_alive: Callable[[str], bool]
+    ) -> ClaimOutcome | None:
+        """None when the existing execution may be taken over, else the claim-race outcome."""
+        if record.state is ExecutionState.DONE:
+            return ClaimOutcome.EXECUTION_ALREADY_DONE
+        if record.state is ExecutionState.RETRY_PENDING:
+            due = record.retry_at is None or record.retry_at <= now
+            return None if due else ClaimOutcome.EXECUTION_ALREADY_CLAIMED
+        if record.lease_expires_at <= now or not holder_alive(record.holder):
+            return None
+        return ClaimOutcome.EXECUTION_ALREADY_CLAIMED
+
+    def _find_task_id(self, conn: sqlite3.Connection, draft: TaskDraft) -> str | None:
+        row = conn.execute(
+            "SELECT task_id FROM task_threads WHERE work_key = ?", (draft.work_key,)
+        ).fetchone()
+        if row is not None:
+            return str(row["task_id"])
+        if not draft.link_message_ids:
+            return None
+        marks = ",".join("?" for _ in draft.link_message_ids)
+        row = conn.execute(
+            "SELECT task_id FROM task_messages WHERE workspace_id = ? AND provider = ? AND"
+            f" mailbox_id = ? AND internet_message_id IN ({marks})"
+            " ORDER BY received_at LIMIT 1",
+            (draft.workspace_id, draft.provider, draft.mailbox_id, *draft.link_message_ids),
+        ).fetchone()
+        return None if row is None else str(row["task_id"])
+
+    def _upsert_task(
+        self, conn: sqlite3.Connection, draft: TaskDraft, now: datetime
+    ) -> tuple[Task, bool]:
+        task_id = self._find_task_id(conn, draft)
+        created = task_id is None
+        if task_id is None:
+            task = Task(
+                task_id=draft.task_id,
+                workspace_id=draft.workspace_id,
+                work_key=draft.work_key,
+                provider=draft.provider,
+                mailbox_id=draft.mailbox_id,
+                provider_thread_id=draft.provider_thread_id,
+                title=draft.title,
+                original_subject=draft.original_subject,
+                received_at=draft.received_at,
+                first_seen_at=now,
+                updated_at=now,
+                state=TaskState.DISCOVERED,
+                sender_identity=draft.sender_identity,
+                sender_side=draft.sender_side,
+                client_send_policy=draft.client_send_policy,
+                project_id=draft.project_id,
+                intake_location_id=draft.intake_location_id,
+                next_action=draft.next_action,
+                messages=(draft.message,),
+                package_version=draft.package_version,
+            )
+            self._insert_task(conn, task)
+        else:
+            task = self._load_task(conn, task_id)
+            known = {m.provider_message_id for m in task.messages}
+            if draft.message.provider_message_id not in known:
+                task = task.model_copy(
+                    update={
+                        "messages": (*task.messages, draft.message),
+                        "updated_at": now,
+                    }
+                )
+                self._save_task(conn, task)
+        conn.execute(
+            "INSERT INTO task_threads (work_key, task_id) VALUES (?, ?)"
+            " ON CONFLICT (work_key) DO NOTHING",
+            (draft.work_key, task.task_id),
+        )
+        conn.execute(
+            "INSERT INTO task_messages (task_id, workspace_id, provider, mailbox_id,"
+            " provider_message_id, internet_message_id, received_at) VALUES (?, ?, ?, ?, ?, ?, ?)"
+            " ON CONFLICT (task_id, provider_message_id) DO NOTHING",
+            (
+                task.task_id,
+                draft.workspace_id,
+                draft.provider,
+                draft.mailbox_id,
+                draft.message.provider_message_id,
+                draft.message.internet_message_id,
+                _ts(draft.message.received_at),
+            ),
+        )
+        return task, created
+
+    @staticmethod
+    def _insert_task(conn: sqlite3.Connection, task: Task) -> None:
+        conn.execute(
+            "INSERT INTO tasks (task_id, workspace_id, work_key, state, terminal, received_at,"
+            " record) VALUES (?, ?, ?, ?, ?, ?, ?)",
+            (
+                task.task_id,
+                task.workspace_id,
+                task.work_key,
+                task.state.value,
+                int(task.state in TERMINAL_STATES),
+                _ts(task.received_at),
+                task.model_dump_json(),
+            ),
+        )
+
+    @staticmethod
+    def _save_task(conn: sqlite3.Connection, task: Task) -> None:
+        conn.execute(
+            "UPDATE tasks SET state = ?, terminal = ?, received_at = ?, record = ?"
+            " WHERE task_id = ?",
+            (
+                task.state.value,
+                int(task.state in TERMINAL_STATES),
+                _ts(task.received_at),
+                task.model_dump_json(),
+                task.task_id,
+            ),
+        )
+
+    @staticmethod
+    def _load_task(conn: sqlite3.Connection, task_id: str) -> Task:
+        row = conn.execute("SELECT record FROM tasks WHERE task_id = ?", (task_id,)).fetchone()
+        if row is None:
+            raise StoreError(f"task {task_id} does not exist")
+        return Task.model_validate_json(row["record"])
+
+    def report(self, request: ReportRequest, now: datetime) -> ExecutionRecord:
+        crashpoints.hit("before_report")
+        with self._tx() as conn:
+            existing = conn.execute(
+                "SELECT * FROM executions WHERE key = ?", (request.key,)
+            ).fetchone()
+            if existing is None:
+                raise StoreError(
+                    f"no execution record for {request.key}; claim the occurrence before "
+                    "reporting it"
+                )
+            record = self._execution(existing)
+            if record.holder != request.holder or record.state is not ExecutionState.CLAIMED:
+                raise StoreError(
+                    f"{request.holder} no longer holds {request.key} (holder {record.holder},"
+                    f" state {record.state}); the execution record governs, so this report"
+                    " is refused"
+                )
+            row = conn.execute(
+                "UPDATE executions SET state = 'DONE', outcome = ?, result = ?, reported_at = ?"
+                " WHERE key = ? AND generation = ? RETURNING *",
+                (
+                    request.disposition.value,
+                    request.detail,
+                    _ts(now),
+                    request.key,
+                    record.generation,
+                ),
+            ).fetchone()
+            if record.task_id is not None:
+                task = self._load_task(conn, record.task_id)
+                task = self._apply_report(task, request, record, now)
+                self._save_task(conn, task)
+            self._set_disposition(
+                conn, request.run_id, request.item_ref, request.disposition, request.detail, now
+            )
+        crashpoints.hit("after_report")
+        return self._execution(row)
+
+    @staticmethod
+    def _apply_report(
+        task: Task, request: ReportRequest, record: ExecutionRecord, now: datetime
+    ) -> Task:
+        changes: dict[str, Any] = {
+            "execution_key": record.key,
+            "execution_result": request.detail or None,
+            "execution_outcome": request.disposition.value,
+            "updated_at": now,
+        }
+        update = request.task_update
+        if update is not None:
+            target = after_inbound(task.state) if update.resume_on_inbound else update.state
+            if target is not None and target is not task.state:
+                check_transition(task.state, target)
+                changes["state"] = target
+            elif update.resume_on_inbound:
+                update = update.model_copy(update={"next_action": None})
+            if update.add_gates:
+                kinds = {g.kind for g in task.open_gates}
+                changes["open_gates"] = (
+                    *task.open_gates,
+                    *(g for g in update.add_gates if g.kind not in kinds),
+                )
+            if update.next_action is not None:
+                changes["next_action"] = update.next_action
+            if update.provisional_basis is not None:
+                changes["provisional_basis"] = {
+                    **task.provisional_basis,
+                    **update.provisional_basis,
+                }
+            if update.remaining_work is not None:
+                changes["remaining_work"] = update.remaining_work
+        task = task.model_copy(update=changes)
+        tier = (
+            ReadinessTier.DONE
+            if task.state in TERMINAL_STATES
+            else ReadinessTier.PENDING_GATES
+            if task.open_gates
+            else ReadinessTier.READY
+        )
+        return task.model_copy(update={"readiness_tier": tier})
+
+    def get_execution(self, key: str) -> ExecutionRecord | None:
+        rows = self._read("SELECT * FROM executions WHERE key = ?", (key,))
+        return self._execution(rows[0]) if rows else None
+
+    # -- tasks ------------------------------------------------------------------------------
+
+    def get_task(self, task_id: str) -> Task | None:
+        rows = self._read("SELECT record FROM tasks WHERE task_id = ?", (task_id,))
+        return Task.model_validate_json(rows[0]["record"]) if rows else None
+
+    def task_for_thread(self, work_key: str) -> Task | None:
+        rows = self._read(
+            "SELECT t.record FROM task_threads h JOIN tasks t USING (task_id) WHERE h.work_key = ?",
+            (work_key,),
+        )
+        return Task.model_validate_json(rows[0]["record"]) if rows else None
+
+    def list_tasks(self, workspace_id: str) -> list[Task]:
+        rows = self._read(
+            "SELECT record FROM tasks WHERE workspace_id = ? ORDER BY received_at, task_id",
+            (workspace_id,),
+        )
+        return [Task.model_validate_json(r["record"]) for r in rows]
+
+    def list_queue(self, workspace_id: str) -> list[Task]:
+        rows = self._read(
+            "SELECT record FROM tasks WHERE workspace_id = ? AND terminal = 0"
+            " ORDER BY received_at, task_id",
+            (workspace_id,),
+        )
+        return [Task.model_validate_json(r["record"]) for r in rows]
+
+    def transition_task(
+        self, task_id: str, target: TaskState, evidence: str, now: datetime
+    ) -> Task:
+        with self._tx() as conn:
+            task = self._load_task(conn, task_id)
+            check_transition(task.state, target)
+            task = task.model_copy(
+                update={
+                    "state": target,
+                    "updated_at": now,
+                    "readiness_tier": ReadinessTier.DONE
+                    if target in TERMINAL_STATES
+                    else task.readiness_tier,
+                }
+            )
+            self._save_task(conn, task)
+            conn.execute(
+                "INSERT INTO task_events (task_id, at, state, evidence) VALUES (?, ?, ?, ?)",
+                (task_id, _ts(now), target.value, evidence),
+            )
+            return task
+
+    # -- escalations and health -------------------------------------------------------------
+
+    def list_escalations(self, scope: str | None = None) -> list[Escalation]:
+        sql = "SELECT * FROM escalations"
+        params: tuple[str, ...] = ()
+        if scope is not None:
+            sql += " WHERE scope = ?"
+            params = (scope,)
+        rows = self._read(sql + " ORDER BY created_at, occurrence_key", params)
+        return [
+            Escalation(
+                occurrence_key=r["occurrence_key"],
+                scope=r["scope"],
+                queue=r["queue"],
+                assignee=r["assignee"],
+                reason=r["reason"],
+                provider=r["provider"],
+                mailbox_id=r["mailbox_id"],
+                item_ref=r["item_ref"],
+                created_at=_dt(r["created_at"]) or datetime.now(UTC),
+            )
+            for r in rows
+        ]
+
+    def record_health(self, key: str, detail: str, now: datetime) -> None:
+        with self._tx() as conn:
+            conn.execute(
+                "INSERT INTO health (key, detail, count, recorded_at) VALUES (?, ?, 1, ?)"
+                " ON CONFLICT (key) DO UPDATE SET detail = excluded.detail,"
+                " count = health.count + 1, recorded_at = excluded.recorded_at",
+                (key, detail, _ts(now)),
+            )
+
+    def list_health(self) -> list[HealthRecord]:
+        return [
+            HealthRecord(
+                key=r["key"],
+                detail=r["detail"],
+                count=int(r["count"]),
+                recorded_at=_dt(r["recorded_at"]) or datetime.now(UTC),
+            )
+            for r in self._read("SELECT * FROM health ORDER BY key")
+        ]
+
+    # -- inspection used by tests and the CLI -----------------------------------------------
+
+    def counts(self) -> dict[str, int]:
+        tables = (
+            "executions",
+            "tasks",
+            "task_threads",
+            "task_messages",
+            "runs",
+            "run_items",
+            "escalations",
+        )
+        out = {t: int(self._read(f"SELECT count(*) FROM {t}")[0][0]) for t in tables}
+        out["executions_done"] = int(
+            self._read("SELECT count(*) FROM executions WHERE state = 'DONE'")[0][0]
+        )
+        return out
+
+    def run_summary(self, run_id: str) -> Reconciliation | None:
+        rows = self._read("SELECT summary FROM runs WHERE run_id = ?", (run_id,))
+        if not rows or rows[0]["summary"] is None:
+            return None
+        return Reconciliation.model_validate(json.loads(rows[0]["summary"]))
+
+    def list_runs(self) -> list[str]:
+        return [str(r["run_id"]) for r in self._read("SELECT run_id FROM runs ORDER BY started_at")]

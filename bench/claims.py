@@ -1,0 +1,277 @@
+"""``outloop bench claims``: N worker processes each intake the same M occurrences.
+
+Every worker runs the real intake service (scan, ledger, claim + task write, report,
+reconcile) over the same synthetic mailbox in its own random order, against one store.
+The baseline is measured in the same run, on the same disk, by the same number of processes:
+plain one-row-per-transaction inserts with exactly the store's pragmas (WAL,
+synchronous=FULL, the same busy timeout). ``rate_per_s`` counts claim transactions (every
+attempt, won or lost) per second; ``ratio`` is rate / baseline.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import sqlite3
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import anyio
+
+from agent.domain.context import MailboxBinding
+from agent.domain.errors import StoreError
+from agent.domain.records import ClaimRequest, ClaimResult, EscalationDraft, TaskDraft
+from agent.ports import MailProvider
+from agent.services import intake, workspaces
+from agent.services.clock import SystemClock
+from agent.storage.sqlite import SqliteStore, begin_immediate, connect
+from agent.testing import synthetic_mailbox
+
+WORKSPACE_ID = "ws-bench-claims"
+MAILBOX = "bench@outloop.test"
+CONTEXT = f"""\
+workspace_id: {WORKSPACE_ID}
+label: claims benchmark
+mailboxes: [{{mailbox_id: {MAILBOX}, provider: memory}}]
+contacts:
+  - {{address: ops@outloop.test, side: internal, roles: [approver, client_manager]}}
+escalation_contact: ops@outloop.test
+unresolved_queue: unresolved
+grants: {{licence: active, mailboxes: [{MAILBOX}]}}
+kpis: {{official: {{first_response_hours: 8}}}}
+"""
+
+
+class TimedSqliteStore(SqliteStore):
+    """The SQLite store, timing each claim call and counting lock failures."""
+
+    def __init__(self, path: Path) -> None:
+        super().__init__(path)
+        self.latencies: list[float] = []
+        self.busy_errors = 0
+
+    def claim(
+        self,
+        request: ClaimRequest,
+        draft: TaskDraft | EscalationDraft,
+        now: datetime,
+        holder_alive: Callable[[str], bool],
+    ) -> ClaimResult:
+        started = time.perf_counter()
+        try:
+            return super().claim(request, draft, now, holder_alive)
+        except StoreError:
+            self.busy_errors += 1
+            raise
+        finally:
+            self.latencies.append(time.perf_counter() - started)
+
+
+def _wait_for(go: Path) -> None:
+    deadline = time.monotonic() + 120
+    while not go.exists():
+        if time.monotonic() > deadline:
+            raise SystemExit("bench worker: the start signal never came")
+        time.sleep(0.002)
+
+
+def _claims_worker(args: argparse.Namespace) -> dict[str, Any]:
+    root = Path(args.dir)
+    data_dir = workspaces.DataDir(root)
+    store = TimedSqliteStore(data_dir.database)
+    box = synthetic_mailbox(MAILBOX, args.items, args.per_thread)
+    random.Random(args.seed).shuffle(box.inbox)
+
+    def provider_for(binding: MailboxBinding) -> MailProvider:
+        del binding
+        return box
+
+    _wait_for(Path(args.go))
+    started = time.perf_counter()
+    wall_start = time.time()
+    result = anyio.run(
+        lambda: intake.run_cycle(
+            store=store,
+            data_dir=data_dir,
+            workspace_id=WORKSPACE_ID,
+            provider_for=provider_for,
+            clock=SystemClock(),
+        )
+    )
+    elapsed = time.perf_counter() - started
+    counts: dict[str, int] = {}
+    for item in result.items:
+        name = item.claim.value if item.claim else "none"
+        counts[name] = counts.get(name, 0) + 1
+    store.close()
+    rec = result.reconciliation
+    return {
+        "start": wall_start,
+        "end": wall_start + elapsed,
+        "attempts": len(store.latencies),
+        "outcomes": counts,
+        "latencies_ms": [round(x * 1000, 4) for x in store.latencies],
+        "busy_errors": store.busy_errors,
+        "clean": bool(rec and rec.clean),
+        "scanned": rec.scanned if rec else 0,
+    }
+
+
+def _insert_worker(args: argparse.Namespace) -> dict[str, Any]:
+    db = Path(args.db)
+    conn = connect(db)  # exactly the store's connection settings
+    _wait_for(Path(args.go))
+    start = time.time()
+    for n in range(args.items):
+        begin_immediate(conn, db)
+        conn.execute("INSERT INTO rows (k, v) VALUES (?, ?)", (f"{args.seed}-{n}", "x" * 64))
+        conn.execute("COMMIT")
+    end = time.time()
+    conn.close()
+    return {"start": start, "end": end, "attempts": args.items}
+
+
+def _spawn(role: str, count: int, extra: list[str], go: Path) -> list[dict[str, Any]]:
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-m", "bench.claims", role, "--go", str(go), "--seed", str(i), *extra],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        for i in range(count)
+    ]
+    go.touch()
+    results: list[dict[str, Any]] = []
+    for proc in procs:
+        out, _ = proc.communicate(timeout=3600)
+        if proc.returncode != 0:
+            raise RuntimeError(f"bench {role} worker exited with {proc.returncode}")
+        results.append(json.loads(out.strip().splitlines()[-1]))
+    go.unlink()
+    return results
+
+
+def _rate(results: list[dict[str, Any]]) -> tuple[float, float, int]:
+    start = min(r["start"] for r in results)
+    end = max(r["end"] for r in results)
+    attempts = sum(int(r["attempts"]) for r in results)
+    wall = max(end - start, 1e-9)
+    return attempts / wall, wall, attempts
+
+
+def _percentile(values: list[float], q: float) -> float:
+    if not values:
+        return 0.0
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def run(
+    scratch: Path,
+    *,
+    backend: str = "sqlite",
+    workers: int = 4,
+    items: int = 2000,
+    per_thread: int = 4,
+    progress: Callable[[str], None] = lambda _line: None,
+) -> dict[str, Any]:
+    """Run the benchmark in ``scratch`` (a fresh directory) and return its figures."""
+    if backend != "sqlite":
+        raise ValueError(f"backend {backend!r} is not available; use sqlite")
+    scratch.mkdir(parents=True, exist_ok=True)
+    go = scratch / "go"
+
+    # Baseline: the same number of processes, one-row transactions, the store's pragmas.
+    base_db = scratch / "baseline.db"
+    conn = sqlite3.connect(base_db, isolation_level=None)
+    conn.execute("PRAGMA journal_mode=WAL")
+    conn.execute("CREATE TABLE IF NOT EXISTS rows (k TEXT PRIMARY KEY, v TEXT NOT NULL)")
+    conn.close()
+    per_worker = max(1, items)
+    progress(f"baseline: {workers} processes x {per_worker} one-row transactions")
+    baseline_results = _spawn(
+        "insert", workers, ["--db", str(base_db), "--items", str(per_worker)], go
+    )
+    baseline_rate, baseline_wall, _ = _rate(baseline_results)
+
+    # The product: register the workspace once, then race the workers.
+    root = scratch / "station"
+    data_dir = workspaces.DataDir(root)
+    root.mkdir(parents=True, exist_ok=True)
+    context_file = scratch / "context.yaml"
+    context_file.write_text(CONTEXT, encoding="utf-8")
+    store = SqliteStore(data_dir.database)
+    workspaces.add_workspace(store, data_dir, context_file, SystemClock().now())
+    store.close()
+    progress(f"claims: {workers} processes x {items} shared occurrences, random order")
+    results = _spawn(
+        "claims",
+        workers,
+        ["--dir", str(root), "--items", str(items), "--per-thread", str(per_thread)],
+        go,
+    )
+    rate, wall, attempts = _rate(results)
+    latencies = [x for r in results for x in r["latencies_ms"]]
+
+    store = SqliteStore(data_dir.database)
+    try:
+        counts = store.counts()
+        done = counts["executions_done"]
+        integrity = store.integrity_check()
+    finally:
+        store.close()
+    claimed = sum(int(r["outcomes"].get("CLAIMED", 0)) for r in results)
+    threads = (items + per_thread - 1) // per_thread
+    duplicates = max(0, claimed - items) + max(0, counts["tasks"] - threads)
+    return {
+        "bench": "claims",
+        "backend": backend,
+        "workers": workers,
+        "items": items,
+        "rate_per_s": round(rate, 1),
+        "baseline_per_s": round(baseline_rate, 1),
+        "ratio": round(rate / baseline_rate, 3),
+        "p50_ms": round(_percentile(latencies, 0.50), 3),
+        "p99_ms": round(_percentile(latencies, 0.99), 3),
+        "mean_ms": round(statistics.fmean(latencies), 3) if latencies else 0.0,
+        "attempts": attempts,
+        "claims": claimed,
+        "executions_done": done,
+        "tasks": counts["tasks"],
+        "threads": threads,
+        "duplicates": duplicates,
+        "lost": items - done,
+        "busy_errors": sum(int(r["busy_errors"]) for r in results),
+        "runs_clean": sum(1 for r in results if r["clean"]),
+        "scanned_per_run": sorted({int(r["scanned"]) for r in results}),
+        "integrity_check": integrity,
+        "elapsed_s": round(wall, 3),
+        "baseline_elapsed_s": round(baseline_wall, 3),
+        "cpus": os.cpu_count(),
+    }
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description="bench worker (started by outloop bench)")
+    parser.add_argument("role", choices=["claims", "insert"])
+    parser.add_argument("--go", required=True)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--items", type=int, required=True)
+    parser.add_argument("--per-thread", type=int, default=4)
+    parser.add_argument("--dir")
+    parser.add_argument("--db")
+    args = parser.parse_args(argv)
+    result = _claims_worker(args) if args.role == "claims" else _insert_worker(args)
+    sys.stdout.write(json.dumps(result) + "\n")
+
+
+if __name__ == "__main__":
+    main()

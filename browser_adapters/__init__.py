@@ -1,0 +1,1 @@
+"""Playwright adapters implementing agent.ports.MailProvider (Outlook Web, Gmail web)."""

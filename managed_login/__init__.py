@@ -1,0 +1,1 @@
+"""Managed login: vault, TOTP and login flows. Secrets never leave this package."""

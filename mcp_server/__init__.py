@@ -1,0 +1,1 @@
+"""The MCP layer and the composition root: reads settings once and builds everything."""

@@ -1,0 +1,320 @@
+"""The ``outloop`` command line. The only layer that prints."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import anyio
+import click
+
+from agent import crashpoints
+from agent.domain.errors import OutloopError
+from agent.services import intake, workspaces
+from agent.services.clock import SystemClock
+from bench import claims
+from mcp_server import demo
+from mcp_server.composition import DATA_DIR_ENV, default_data_dir, open_station, provider_for
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def data_dir_option(func: F) -> F:
+    return click.option(
+        "--data-dir",
+        type=click.Path(file_okay=False, path_type=Path),
+        envvar=DATA_DIR_ENV,
+        default=None,
+        help=f"Outloop data directory (env {DATA_DIR_ENV}; default: the XDG data directory).",
+    )(func)
+
+
+def _root(data_dir: Path | None) -> Path:
+    return data_dir if data_dir is not None else default_data_dir()
+
+
+def _fail(exc: OutloopError) -> None:
+    raise click.ClickException(str(exc)) from exc
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="outloop")
+def main() -> None:
+    """Outloop: the email workstation for AI agents and operators."""
+    spec = os.environ.get("OUTLOOP_CRASHPOINT")
+    if spec:  # test-only switch used by the crash tests
+        crashpoints.arm_from_spec(spec)
+
+
+# -- workspace ---------------------------------------------------------------------------
+
+
+@main.group()
+def workspace() -> None:
+    """Register, update and show workspaces (resolved by immutable workspace id only)."""
+
+
+@workspace.command("add")
+@click.option(
+    "--context",
+    "context_file",
+    required=True,
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="The Workspace Context YAML file (see docs/workspace-context.md).",
+)
+@data_dir_option
+def workspace_add(context_file: Path, data_dir: Path | None) -> None:
+    """Register one workspace from its context file. A duplicate id is refused."""
+    station = open_station(_root(data_dir))
+    try:
+        row = workspaces.add_workspace(
+            station.store, station.data_dir, context_file, SystemClock().now()
+        )
+    except OutloopError as exc:
+        _fail(exc)
+    else:
+        click.echo(f"registered workspace {row.workspace_id} ({row.label or 'no label'})")
+    finally:
+        station.close()
+
+
+@workspace.command("update")
+@click.option(
+    "--context",
+    "context_file",
+    required=True,
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="The new Workspace Context file; its workspace_id picks the workspace.",
+)
+@data_dir_option
+def workspace_update(context_file: Path, data_dir: Path | None) -> None:
+    """Replace a registered workspace's context (re-read on every run)."""
+    station = open_station(_root(data_dir))
+    try:
+        row = workspaces.update_workspace(
+            station.store, station.data_dir, context_file, SystemClock().now()
+        )
+    except OutloopError as exc:
+        _fail(exc)
+    else:
+        click.echo(f"updated workspace {row.workspace_id}")
+    finally:
+        station.close()
+
+
+@workspace.command("show")
+@click.option(
+    "--workspace",
+    "workspace_id",
+    default=None,
+    help="Show this workspace's context and queue; default: list all.",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@data_dir_option
+def workspace_show(workspace_id: str | None, as_json: bool, data_dir: Path | None) -> None:
+    """List registered workspaces, or show one with its queue."""
+    station = open_station(_root(data_dir))
+    try:
+        if workspace_id is None:
+            rows = station.store.list_workspaces()
+            if as_json:
+                click.echo(json.dumps([r.model_dump(mode="json") for r in rows], indent=2))
+            elif not rows:
+                click.echo(
+                    "no workspaces registered (add one with 'outloop workspace add --context FILE')"
+                )
+            for row in rows if not as_json else []:
+                click.echo(f"{row.workspace_id}\t{row.label}\t{row.context_path}")
+            return
+        context = workspaces.load_context(station.store, workspace_id)
+        queue = station.store.list_queue(workspace_id)
+        if as_json:
+            click.echo(
+                json.dumps(
+                    {
+                        "context": context.model_dump(mode="json", by_alias=True),
+                        "queue": [t.model_dump(mode="json") for t in queue],
+                    },
+                    indent=2,
+                    ensure_ascii=False,
+                )
+            )
+            return
+        click.echo(f"workspace {context.workspace_id} ({context.label})")
+        click.echo(f"  timezone {context.timezone}, language {context.language}")
+        for mailbox in context.mailboxes:
+            click.echo(f"  mailbox {mailbox.mailbox_id} via {mailbox.provider}")
+        click.echo(f"  queue: {len(queue)} open task(s), oldest first")
+        for task in queue:
+            click.echo(f"    {task.received_at:%Y-%m-%d %H:%M} {task.state:<26} {task.title}")
+    except OutloopError as exc:
+        _fail(exc)
+    finally:
+        station.close()
+
+
+# -- run ---------------------------------------------------------------------------------
+
+
+def _print_progress(progress: intake.Progress) -> None:
+    item = progress.outcome
+    click.echo(f"[{progress.done}/{progress.total}] {item.item_ref}: {item.disposition}", err=True)
+
+
+def _run_once(root: Path, workspace_id: str, quiet: bool) -> intake.RunResult:
+    station = open_station(root)
+    try:
+        return anyio.run(_cycle, station, workspace_id, quiet)
+    finally:
+        station.close()
+
+
+async def _cycle(station: Any, workspace_id: str, quiet: bool) -> intake.RunResult:
+    return await intake.run_cycle(
+        store=station.store,
+        data_dir=station.data_dir,
+        workspace_id=workspace_id,
+        provider_for=provider_for,
+        clock=SystemClock(),
+        on_progress=None if quiet else _print_progress,
+    )
+
+
+def _summary(result: intake.RunResult) -> dict[str, Any]:
+    rec = result.reconciliation
+    return {
+        "run_id": result.run_id,
+        "workspace_id": result.workspace_id,
+        "items": [
+            {
+                "item_ref": i.item_ref,
+                "disposition": i.disposition.value,
+                "claim": i.claim.value if i.claim else None,
+                "task_id": i.task_id,
+                "task_created": i.task_created,
+                "detail": i.detail,
+            }
+            for i in result.items
+        ],
+        "reconciliation": rec.model_dump(mode="json") if rec else None,
+    }
+
+
+def _echo_reconciliation(result: intake.RunResult) -> None:
+    rec = result.reconciliation
+    assert rec is not None
+    click.echo(
+        f"run {rec.run_id}: scanned {rec.scanned} = terminal {rec.terminal} + non-terminal "
+        f"{rec.non_terminal} + claim-race {rec.claim_race}"
+        + (
+            f" + RECONCILIATION_FAILED {rec.reconciliation_failed}"
+            if rec.reconciliation_failed
+            else ""
+        )
+        + (" (clean)" if rec.clean else " (NOT clean)")
+    )
+
+
+@main.command("run")
+@click.option("--workspace", "workspace_id", required=True, help="The workspace id to run.")
+@click.option("--once", is_flag=True, help="Run one dispatcher cycle and exit.")
+@click.option(
+    "--interval",
+    type=click.FloatRange(min=1),
+    default=300.0,
+    show_default=True,
+    help="Seconds between cycles when not --once.",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print each run's result as JSON.")
+@click.option("--quiet", is_flag=True, help="No per-item progress on stderr.")
+@data_dir_option
+def run_command(
+    workspace_id: str,
+    once: bool,
+    interval: float,
+    as_json: bool,
+    quiet: bool,
+    data_dir: Path | None,
+) -> None:
+    """Run the intake cycle: scan, normalize, resolve, claim, task, triage, report, reconcile."""
+    root = _root(data_dir)
+    while True:
+        try:
+            result = _run_once(root, workspace_id, quiet)
+        except OutloopError as exc:
+            _fail(exc)
+            return
+        if as_json:
+            click.echo(json.dumps(_summary(result), ensure_ascii=False))
+        else:
+            _echo_reconciliation(result)
+        clean = result.reconciliation is not None and result.reconciliation.clean
+        if once:
+            sys.exit(0 if clean else 3)
+        time.sleep(interval)
+
+
+# -- demo --------------------------------------------------------------------------------
+
+
+@main.command("demo")
+@data_dir_option
+def demo_command(data_dir: Path | None) -> None:
+    """Seed a Maildir with sample mail, run one cycle, show claims, tasks and reconciliation."""
+    root = data_dir if data_dir is not None else Path(tempfile.mkdtemp(prefix="outloop-demo-"))
+    click.echo(f"demo data directory: {root}")
+    try:
+        demo.run(root, click.echo)
+    except OutloopError as exc:
+        _fail(exc)
+
+
+# -- bench -------------------------------------------------------------------------------
+
+
+@main.group()
+def bench() -> None:
+    """Benchmarks: each measures a baseline in the same run and prints the ratio to it."""
+
+
+@bench.command("claims")
+@click.option("--backend", type=click.Choice(["sqlite"]), default="sqlite", show_default=True)
+@click.option("--workers", type=click.IntRange(min=1, max=64), default=4, show_default=True)
+@click.option("--items", type=click.IntRange(min=1), default=2000, show_default=True)
+@click.option(
+    "--per-thread",
+    type=click.IntRange(min=1),
+    default=4,
+    show_default=True,
+    help="Messages per thread (one task per thread).",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object as the last line.")
+@data_dir_option
+def bench_claims(
+    backend: str, workers: int, items: int, per_thread: int, as_json: bool, data_dir: Path | None
+) -> None:
+    """N worker processes each intake the same M occurrences in random order."""
+    scratch = data_dir if data_dir is not None else Path(tempfile.mkdtemp(prefix="outloop-bench-"))
+    result = claims.run(
+        scratch,
+        backend=backend,
+        workers=workers,
+        items=items,
+        per_thread=per_thread,
+        progress=lambda line: click.echo(line, err=True),
+    )
+    if as_json:
+        click.echo(json.dumps(result))
+        return
+    for key, value in result.items():
+        click.echo(f"{key:>22}  {value}")
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()
