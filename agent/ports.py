@@ -11,7 +11,7 @@ from datetime import datetime
 from typing import Protocol, runtime_checkable
 
 from agent.domain.dispositions import Disposition
-from agent.domain.execution import ExecutionRecord
+from agent.domain.execution import ExecutionRecord, ExecutionState
 from agent.domain.mail import (
     MessageBody,
     OutgoingMessage,
@@ -115,6 +115,7 @@ class Store(TaskBoard, Protocol):
     ) -> ClaimResult: ...
     def report(self, request: ReportRequest, now: datetime) -> ExecutionRecord: ...
     def get_execution(self, key: str) -> ExecutionRecord | None: ...
+    def list_executions(self, state: ExecutionState | None = None) -> list[ExecutionRecord]: ...
 
     # tasks, escalations, health
     def task_for_thread(self, work_key: str) -> Task | None: ...

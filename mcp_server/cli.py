@@ -300,7 +300,13 @@ def bench_claims(
     backend: str, workers: int, items: int, per_thread: int, as_json: bool, data_dir: Path | None
 ) -> None:
     """N worker processes each intake the same M occurrences in random order."""
-    scratch = data_dir if data_dir is not None else Path(tempfile.mkdtemp(prefix="outloop-bench-"))
+    # claims.run needs a fresh directory: a reused one (a second run, or OUTLOOP_DATA_DIR
+    # pointing at a live station) already holds its baseline rows and bench workspace, and
+    # the run dies in a worker. Each run gets its own scratch directory under --data-dir.
+    if data_dir is not None:
+        data_dir.mkdir(parents=True, exist_ok=True)
+    scratch = Path(tempfile.mkdtemp(prefix="outloop-bench-", dir=data_dir))
+    click.echo(f"bench scratch directory: {scratch}", err=True)
     result = claims.run(
         scratch,
         backend=backend,

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import anyio
 
+from agent.domain.errors import RegistryError
 from agent.services import intake, workspaces
 from agent.services.clock import SystemClock
 from mcp_server.composition import Station, open_station, provider_for
@@ -160,12 +161,24 @@ def run(root: Path, echo: Callable[[str], None]) -> None:
         demo_dir = root / "demo"
         maildir = demo_dir / "Maildir"
         context_file = demo_dir / "context.yaml"
+        others = [
+            w.workspace_id
+            for w in station.store.list_workspaces()
+            if w.workspace_id != WORKSPACE_ID
+        ]
+        if others:
+            raise RegistryError(
+                f"{root} already holds workspaces ({', '.join(others)}); the demo registers its "
+                "own workspace and never touches a real station: run it with an empty or new "
+                "--data-dir"
+            )
         if station.store.get_workspace(WORKSPACE_ID) is None:
             demo_dir.mkdir(parents=True, exist_ok=True)
             count = seed_maildir(maildir, now)
             echo(f"seeded {count} messages into {maildir}")
             context_file.write_text(CONTEXT, encoding="utf-8")
-            station.data_dir.station_file.write_text(STATION, encoding="utf-8")
+            if not station.data_dir.station_file.exists():
+                station.data_dir.station_file.write_text(STATION, encoding="utf-8")
             workspaces.add_workspace(station.store, station.data_dir, context_file, now)
             echo(f"registered workspace {WORKSPACE_ID} (the registry started empty)")
         else:

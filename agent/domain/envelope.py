@@ -12,7 +12,7 @@ import hashlib
 from datetime import datetime
 from enum import StrEnum
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, field_validator
 
 
 class Address(BaseModel):
@@ -53,7 +53,9 @@ class Envelope(BaseModel):
     in_reply_to: str | None = None
     references: tuple[str, ...] = ()
     received_at: datetime
-    sender: Address = Field(alias="from")
+    sender: Address = Field(
+        validation_alias=AliasChoices("sender", "from"), serialization_alias="from"
+    )
     to: tuple[Address, ...] = ()
     cc: tuple[Address, ...] = ()
     subject: str = ""

@@ -111,14 +111,18 @@ class MaildirProvider:
             out.append(_ids_of(sent.get_bytes(key)))
         return out
 
-    def _scan_sync(self) -> list[ScannedMessage]:
-        raw_items = self._read_all()
+    def _threads(self, raw_items: list[tuple[str, bytes]] | None = None) -> _Threads:
+        """This mailbox's threading, from every message it holds (inbox and sent copies)."""
         threads = _Threads()
         for ids in self._sent_ids():
             threads.add(*ids)
-        parsed_ids = [(key, _ids_of(raw)) for key, raw in raw_items]
-        for _, ids in sorted(parsed_ids, key=lambda kv: len(kv[1][2])):
-            threads.add(*ids)
+        for _, raw in self._read_all() if raw_items is None else raw_items:
+            threads.add(*_ids_of(raw))
+        return threads
+
+    def _scan_sync(self) -> list[ScannedMessage]:
+        raw_items = self._read_all()
+        threads = self._threads(raw_items)
         results: list[ScannedMessage] = []
         for key, raw in raw_items:
             ref = _item_ref(key)
@@ -187,7 +191,9 @@ class MaildirProvider:
                 from_ = _first(parsed, "From")
                 return StoredCopy(
                     provider_message_id=f"maildir:{SENT_FOLDER}/{key}",
-                    provider_thread_id=_sent_thread(self, mid, irt, refs),
+                    provider_thread_id=self._threads().thread_of(
+                        mid, irt, refs, fallback=mid or key
+                    ),
                     internet_message_id=mid,
                     sender=from_,
                     to=_all(parsed, "To"),
@@ -216,31 +222,43 @@ class MaildirProvider:
 
 
 class _Threads:
-    """Maildir threading: each message id maps to the root of its conversation."""
+    """Maildir threading: each message id points at its parent; a thread is named by its root.
+
+    A message's parent is the first id its References name (the conversation's start), else its
+    In-Reply-To. The root is where the chain of parents ends, so the result depends only on
+    which messages are present, never on the order in which they were added.
+    """
 
     def __init__(self) -> None:
-        self._root: dict[str, str] = {}
-
-    def _root_of(self, chain: tuple[str, ...]) -> str | None:
-        for mid in chain:
-            if mid in self._root:
-                return self._root[mid]
-        return chain[0] if chain else None
+        self._parent: dict[str, str] = {}
 
     def add(self, mid: str | None, in_reply_to: str | None, refs: tuple[str, ...]) -> None:
-        chain = refs or ((in_reply_to,) if in_reply_to else ())
-        root = self._root_of(chain) or mid
-        if root is None:
+        parent = _parent_of(in_reply_to, refs)
+        if mid is None or parent is None or parent == mid:
             return
-        for known in (*chain, *((mid,) if mid else ())):
-            self._root.setdefault(known, root)
+        known = self._parent.get(mid)
+        if known is None or parent < known:  # two copies that disagree: pick one, stably
+            self._parent[mid] = parent
+
+    def _root(self, start: str) -> str:
+        path = [start]
+        seen = {start}
+        while (parent := self._parent.get(path[-1])) is not None:
+            if parent in seen:  # a reference cycle: name it by its smallest member
+                return min(path[path.index(parent) :])
+            path.append(parent)
+            seen.add(parent)
+        return path[-1]
 
     def thread_of(
         self, mid: str | None, in_reply_to: str | None, refs: tuple[str, ...], fallback: str
     ) -> str:
-        chain = refs or ((in_reply_to,) if in_reply_to else ())
-        root = self._root_of(chain) or (self._root.get(mid) if mid else None) or mid or fallback
-        return thread_id(root)
+        start = _parent_of(in_reply_to, refs) or mid
+        return thread_id(self._root(start) if start else fallback)
+
+
+def _parent_of(in_reply_to: str | None, refs: tuple[str, ...]) -> str | None:
+    return refs[0] if refs else in_reply_to
 
 
 def _ids_of(raw: bytes) -> tuple[str | None, str | None, tuple[str, ...]]:
@@ -252,15 +270,6 @@ def _ids_of(raw: bytes) -> tuple[str | None, str | None, tuple[str, ...]]:
     irt = rfc822.message_ids(parsed.header("In-Reply-To"))
     refs = rfc822.message_ids(" ".join(parsed.all_headers("References")))
     return (mids[0] if mids else None, irt[0] if irt else None, refs)
-
-
-def _sent_thread(
-    provider: MaildirProvider, mid: str | None, irt: str | None, refs: tuple[str, ...]
-) -> str:
-    threads = _Threads()
-    for _key, raw in provider._read_all():
-        threads.add(*_ids_of(raw))
-    return threads.thread_of(mid, irt, refs, fallback=mid or "sent")
 
 
 def _first(parsed: rfc822.Parsed, name: str) -> Address | None:

@@ -17,11 +17,14 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from email.message import EmailMessage, Message
+from typing import cast
 
 from agent.domain.envelope import Address, Envelope, content_digest
 from agent.domain.mail import MessageBody
 
 _MSGID_RE = re.compile(r"<[^<>\s]+>")
+_HEADER_END_RE = re.compile(rb"\n\r?\n")
+_LONE_CR_RE = re.compile(rb"\r(?!\n)")
 MAX_MIME_DEPTH = 200
 
 
@@ -89,15 +92,38 @@ def _decode_bytes(data: bytes, charset: str | None) -> str:
     return data.decode("latin-1")
 
 
+def _fold_lone_cr(raw: bytes) -> tuple[bytes, bool]:
+    """Replace a bare CR inside the header block with a space.
+
+    The parser ends a header line at a bare CR too, so one stray CR inside a Subject would
+    push every header after it (From, Message-ID, ...) into the body. A header block with
+    more bare CRs than LFs uses CR alone as its line ending and is left as it is.
+    """
+    end_match = _HEADER_END_RE.search(raw)
+    end = end_match.end() if end_match else len(raw)
+    head = raw[:end]
+    lone = len(_LONE_CR_RE.findall(head))
+    if lone == 0 or lone > head.count(b"\n"):
+        return raw, False
+    return _LONE_CR_RE.sub(b" ", head) + raw[end:], True
+
+
 def parse(raw: bytes) -> Parsed:
     if not raw.strip():
         raise UnparseableMessage("the message is empty (zero bytes of headers and body)")
-    message = email.message_from_bytes(raw, policy=email.policy.default)
-    if not isinstance(message, EmailMessage):  # pragma: no cover - policy.default guarantees it
-        raise UnparseableMessage("the parser did not return a message")
+    raw, folded = _fold_lone_cr(raw)
+    try:
+        message = email.message_from_bytes(raw, policy=email.policy.default)
+    except RecursionError as exc:
+        raise UnparseableMessage(
+            "the MIME parts are nested too deeply for the parser to read "
+            f"(far more than {MAX_MIME_DEPTH} levels)"
+        ) from exc
     if not list(message.raw_items()):
         raise UnparseableMessage("no header block could be read (the first line is not a header)")
     parsed = Parsed(message)
+    if folded:
+        parsed.notes.append("header block: a bare CR inside a header value was folded")
     for defect in message.defects:
         parsed.notes.append(f"defect: {type(defect).__name__}")
     return parsed
@@ -220,6 +246,13 @@ def normalize(
     )
 
 
+def _children(part: Message) -> list[Message]:
+    payload: object = part.get_payload()
+    if not isinstance(payload, list):
+        return []
+    return [child for child in cast("list[object]", payload) if isinstance(child, Message)]
+
+
 def mime_depth(message: Message) -> int:
     """How deep the MIME tree goes, computed without recursion."""
     deepest = 0
@@ -227,11 +260,8 @@ def mime_depth(message: Message) -> int:
     while stack:
         part, depth = stack.pop()
         deepest = max(deepest, depth)
-        if depth >= MAX_MIME_DEPTH:
-            continue
-        payload = part.get_payload()
-        if isinstance(payload, list):
-            stack.extend((child, depth + 1) for child in payload)  # pyright: ignore[reportUnknownVariableType, reportUnknownArgumentType]
+        if depth < MAX_MIME_DEPTH:
+            stack.extend((child, depth + 1) for child in _children(part))
     return deepest
 
 
@@ -239,13 +269,10 @@ def _leaves(message: Message) -> Iterator[Message]:
     stack: list[tuple[Message, int]] = [(message, 1)]
     while stack:
         part, depth = stack.pop()
-        payload = part.get_payload()
-        if isinstance(payload, list):
-            if depth < MAX_MIME_DEPTH:
-                children: list[Message] = [p for p in payload if isinstance(p, Message)]  # pyright: ignore[reportUnknownVariableType]
-                stack.extend((child, depth + 1) for child in reversed(children))
-            continue
-        yield part
+        if not part.is_multipart():
+            yield part
+        elif depth < MAX_MIME_DEPTH:
+            stack.extend((child, depth + 1) for child in reversed(_children(part)))
 
 
 def _attachment_parts(message: Message) -> Iterator[Message]:

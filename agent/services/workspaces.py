@@ -78,7 +78,8 @@ def _resolve_paths(context: WorkspaceContext, base: Path) -> str:
     for mailbox in data["mailboxes"]:
         if mailbox.get("path"):
             mailbox["path"] = str((base / mailbox["path"]).resolve())
-    return yaml.safe_dump(data, sort_keys=False, allow_unicode=True)
+    # The stubs leave one overload parameter untyped; the call itself is fully typed.
+    return yaml.safe_dump(data, sort_keys=False, allow_unicode=True)  # pyright: ignore[reportUnknownMemberType]
 
 
 def _save_copy(data_dir: DataDir, context: WorkspaceContext, source: Path) -> tuple[Path, str]:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import sqlite3
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Generator, Sequence
 from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -85,11 +85,6 @@ def _dt(value: float | None) -> datetime | None:
     return None if value is None else datetime.fromtimestamp(value, UTC)
 
 
-def _is_busy(exc: sqlite3.OperationalError) -> bool:
-    text = str(exc).lower()
-    return "locked" in text or "busy" in text
-
-
 class SqliteStore:
     """The Store port on one SQLite database file (thread-safe per instance)."""
 
@@ -108,7 +103,7 @@ class SqliteStore:
             self._conn.close()
 
     @contextmanager
-    def _tx(self) -> Iterator[sqlite3.Connection]:
+    def _tx(self) -> Generator[sqlite3.Connection]:
         """One ``BEGIN IMMEDIATE`` transaction; the write lock is taken up front."""
         with self._lock:
             begin_immediate(self._conn, self.path)
@@ -683,6 +678,15 @@ class SqliteStore:
             else ReadinessTier.READY
         )
         return task.model_copy(update={"readiness_tier": tier})
+
+    def list_executions(self, state: ExecutionState | None = None) -> list[ExecutionRecord]:
+        if state is None:
+            rows = self._read("SELECT * FROM executions ORDER BY claimed_at, key")
+        else:
+            rows = self._read(
+                "SELECT * FROM executions WHERE state = ? ORDER BY claimed_at, key", (state.value,)
+            )
+        return [self._execution(r) for r in rows]
 
     def get_execution(self, key: str) -> ExecutionRecord | None:
         rows = self._read("SELECT * FROM executions WHERE key = ?", (key,))

@@ -1,0 +1,124 @@
+"""Shared fixtures: a data directory with a registered workspace, stores of every backend."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from agent.services import workspaces
+from agent.storage.sqlite import SqliteStore
+from agent.testing import FrozenClock
+
+BACKENDS = ["sqlite"]
+
+# Figures the slow guarantees report at the end of the run (kills per crash point, ...).
+REPORTED: dict[str, Any] = {}
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    if REPORTED:
+        terminalreporter.section("guarantee figures")
+        for name, value in REPORTED.items():
+            terminalreporter.write_line(f"{name}: {json.dumps(value, sort_keys=True)}")
+
+
+def context_yaml(
+    workspace_id: str = "ws-test-0001",
+    *,
+    mailbox: str = "support@fabrikam.test",
+    provider: str = "memory",
+    path: str | None = None,
+    extra: str = "",
+    kpis: bool = True,
+    licence: str = "active",
+    shared: bool = False,
+    bind_to: tuple[str, ...] = (),
+) -> str:
+    """A complete Workspace Context; switches turn parts of it off for gap scenarios."""
+    mailbox_line = f"{{mailbox_id: {mailbox}, provider: {provider}"
+    if path:
+        mailbox_line += f", path: {path}"
+    if shared:
+        mailbox_line += f", shared: true, bind_to: [{', '.join(bind_to)}]"
+    mailbox_line += "}"
+    text = f"""\
+        workspace_id: {workspace_id}
+        label: Test workspace {workspace_id}
+        timezone: Asia/Jerusalem
+        language: he
+        calendar: {{weekend: [fri, sat], holidays: [2026-12-25]}}
+        mailboxes:
+          - {mailbox_line}
+        contacts:
+          - {{address: dana.levi@contoso.test, name: Dana Levi, side: client, verified_by: crm-record}}
+          - {{address: noa.bar@fabrikam.test, name: Noa Bar, side: internal, roles: [approver, client_manager]}}
+        approval: {{roles: [approver], standing: []}}
+        default_cc: []
+        escalation_contact: noa.bar@fabrikam.test
+        unresolved_queue: unresolved
+        receipt_ack: false
+        reminder_business_days: 2
+        grants: {{licence: {licence}, mailboxes: [{mailbox}]}}
+        client_send_policy: draft_for_internal_approval
+        classification: {{task_owner_evidence: false}}
+        task_board: {{provider: embedded, project_id: contoso-support, intake_location_id: inbox}}
+        attachments: {{accepted: [pdf, docx]}}
+        """
+    text = textwrap.dedent(text)
+    if kpis:
+        text += "kpis: {official: {first_response_hours: 8}}\n"
+    return text + textwrap.dedent(extra)
+
+
+@pytest.fixture
+def clock() -> FrozenClock:
+    return FrozenClock()
+
+
+@pytest.fixture(params=BACKENDS)
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[SqliteStore]:
+    """A fresh store of each backend (the Store contract suite runs on every one)."""
+    backend = str(request.param)
+    assert backend == "sqlite"
+    s = SqliteStore(tmp_path / "store.db")
+    yield s
+    s.close()
+
+
+@pytest.fixture
+def data_dir(tmp_path: Path) -> workspaces.DataDir:
+    root = tmp_path / "station"
+    root.mkdir()
+    return workspaces.DataDir(root)
+
+
+@pytest.fixture
+def station_store(data_dir: workspaces.DataDir) -> Iterator[SqliteStore]:
+    s = SqliteStore(data_dir.database)
+    yield s
+    s.close()
+
+
+@pytest.fixture
+def register(
+    station_store: SqliteStore, data_dir: workspaces.DataDir, clock: FrozenClock, tmp_path: Path
+) -> Callable[[str], str]:
+    """Register a workspace from context text; returns its id."""
+    counter = iter(range(1000))
+
+    def _register(text: str) -> str:
+        path = tmp_path / f"context-{next(counter)}.yaml"
+        path.write_text(text, encoding="utf-8")
+        return workspaces.add_workspace(station_store, data_dir, path, clock.now()).workspace_id
+
+    return _register
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"

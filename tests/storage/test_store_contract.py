@@ -1,0 +1,440 @@
+"""The Store contract suite: every backend runs exactly these tests (see conftest BACKENDS)."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from agent.domain.dispositions import Disposition, GateKind
+from agent.domain.envelope import Envelope, occurrence_key, work_key
+from agent.domain.errors import CloseRefused, RegistryError, StoreError
+from agent.domain.execution import ClaimOutcome, ExecutionState
+from agent.domain.records import (
+    Binding,
+    ClaimRequest,
+    EscalationDraft,
+    ReportRequest,
+    TaskDraft,
+    TaskUpdate,
+    WorkspaceRow,
+)
+from agent.domain.run import LedgerEntry
+from agent.domain.states import TaskState
+from agent.domain.task import Gate, MessageRef, NextAction, normalize_subject
+from agent.storage.sqlite import SqliteStore
+from agent.testing import FrozenClock, make_envelope
+
+WS = "ws-contract"
+MAILBOX = "support@fabrikam.test"
+ALIVE = "host/1/1/alive"
+DEAD = "host/2/2/dead"
+
+
+def alive(holder: str) -> bool:
+    return holder != DEAD
+
+
+def draft_for(env: Envelope, task_id: str | None = None) -> TaskDraft:
+    return TaskDraft(
+        task_id=task_id or f"task-{env.provider_message_id}",
+        workspace_id=WS,
+        work_key=work_key(WS, env),
+        provider=env.provider,
+        mailbox_id=env.mailbox_id,
+        provider_thread_id=env.provider_thread_id,
+        link_message_ids=tuple(x for x in (env.in_reply_to, *env.references) if x),
+        title=normalize_subject(env.subject),
+        original_subject=env.subject,
+        received_at=env.received_at,
+        message=MessageRef(
+            provider_message_id=env.provider_message_id,
+            internet_message_id=env.internet_message_id,
+            received_at=env.received_at,
+            sender=env.sender.address,
+        ),
+        sender_identity=env.sender.address,
+        sender_side="client",
+        client_send_policy="draft_for_internal_approval",
+        project_id=None,
+        intake_location_id=None,
+        next_action=NextAction(description="triage", owner="noa.bar@fabrikam.test"),
+        package_version="test",
+    )
+
+
+class Harness:
+    """Drives one store through runs the way the intake service does."""
+
+    def __init__(self, store: SqliteStore, clock: FrozenClock) -> None:
+        self.store = store
+        self.clock = clock
+        self.runs = 0
+
+    def run(self, *envs: Envelope) -> str:
+        self.runs += 1
+        run_id = f"run-{self.runs}"
+        self.store.start_run(run_id, WS, self.clock.now())
+        self.store.record_scanned(
+            [
+                LedgerEntry(
+                    run_id=run_id, item_ref=e.provider_message_id, occurrence_key=self.key(e)
+                )
+                for e in envs
+            ],
+            self.clock.now(),
+        )
+        return run_id
+
+    @staticmethod
+    def key(env: Envelope) -> str:
+        return occurrence_key(WS, env)
+
+    def claim(self, run_id: str, env: Envelope, holder: str = ALIVE, lease: float = 300.0):
+        request = ClaimRequest(
+            key=self.key(env),
+            service="email-intake",
+            holder=holder,
+            run_id=run_id,
+            item_ref=env.provider_message_id,
+            lease_seconds=lease,
+        )
+        return self.store.claim(request, draft_for(env), self.clock.now(), alive)
+
+    def report(
+        self,
+        run_id: str,
+        env: Envelope,
+        disposition: Disposition = Disposition.QUEUED,
+        holder: str = ALIVE,
+        update: TaskUpdate | None = None,
+    ):
+        return self.store.report(
+            ReportRequest(
+                key=self.key(env),
+                holder=holder,
+                run_id=run_id,
+                item_ref=env.provider_message_id,
+                disposition=disposition,
+                task_update=update or TaskUpdate(state=TaskState.TASK_RESOLVED),
+            ),
+            self.clock.now(),
+        )
+
+
+@pytest.fixture
+def h(store: SqliteStore, clock: FrozenClock) -> Harness:
+    return Harness(store, clock)
+
+
+def env(n: int, thread: int, **kw: object) -> Envelope:
+    return make_envelope(mailbox_id=MAILBOX, message_no=n, thread_no=thread, **kw)  # type: ignore[arg-type]
+
+
+# -- schema ------------------------------------------------------------------------------
+
+
+def test_migrations_apply_once_and_reopening_changes_nothing(store: SqliteStore) -> None:
+    version = store.schema_version()
+    again = SqliteStore(store.path)
+    try:
+        assert again.schema_version() == version
+    finally:
+        again.close()
+    assert store.integrity_check() == "ok"
+
+
+def test_a_fresh_store_has_zero_workspaces_tasks_and_claims(store: SqliteStore) -> None:
+    assert store.list_workspaces() == []
+    assert store.counts() == dict.fromkeys(
+        ("executions", "tasks", "task_threads", "task_messages", "runs", "run_items", "escalations",
+         "executions_done"), 0
+    )  # fmt: skip
+
+
+# -- registry ----------------------------------------------------------------------------
+
+
+def row(workspace_id: str = WS) -> WorkspaceRow:
+    now = datetime(2026, 11, 30, tzinfo=UTC)
+    return WorkspaceRow(
+        workspace_id=workspace_id, label="x", context_path="/x", context_sha256="0",
+        registered_at=now, updated_at=now,
+    )  # fmt: skip
+
+
+def test_registering_a_duplicate_workspace_id_is_refused(store: SqliteStore) -> None:
+    binding = Binding(workspace_id=WS, provider="memory", mailbox_id=MAILBOX, shared=False)
+    store.register_workspace(row(), [binding])
+    with pytest.raises(RegistryError, match="already registered"):
+        store.register_workspace(row(), [binding])
+    assert [w.workspace_id for w in store.list_workspaces()] == [WS]
+    assert store.bindings_for_mailbox("memory", MAILBOX.upper()) == [binding]
+
+
+def test_updating_an_unknown_workspace_is_refused(store: SqliteStore) -> None:
+    with pytest.raises(RegistryError, match="not registered"):
+        store.update_workspace(row("ws-nobody"), [])
+
+
+# -- claims ------------------------------------------------------------------------------
+
+
+def test_the_first_claim_wins_and_creates_the_task_in_the_same_transaction(h: Harness) -> None:
+    e = env(1, 1)
+    run_id = h.run(e)
+    result = h.claim(run_id, e)
+    assert result.outcome is ClaimOutcome.CLAIMED and result.task_created
+    assert result.task is not None and result.execution.task_id == result.task.task_id
+    assert h.store.get_task(result.task.task_id) == result.task
+    assert result.task.state is TaskState.DISCOVERED
+
+
+def test_a_second_claim_on_a_held_occurrence_creates_nothing(h: Harness) -> None:
+    e = env(1, 1)
+    r1, r2 = h.run(e), h.run(e)
+    h.claim(r1, e)
+    lost = h.claim(r2, e, holder="host/3/3/other")
+    assert lost.outcome is ClaimOutcome.EXECUTION_ALREADY_CLAIMED and lost.task is None
+    assert h.store.counts()["tasks"] == 1
+    assert h.store.ledger(r2)[0].disposition is Disposition.EXECUTION_ALREADY_CLAIMED
+
+
+def test_a_claim_after_the_report_is_already_done(h: Harness) -> None:
+    e = env(1, 1)
+    r1 = h.run(e)
+    h.claim(r1, e)
+    h.report(r1, e)
+    r2 = h.run(e)
+    assert h.claim(r2, e).outcome is ClaimOutcome.EXECUTION_ALREADY_DONE
+    assert h.store.ledger(r2)[0].disposition is Disposition.EXECUTION_ALREADY_DONE
+
+
+def test_a_dead_holders_claim_is_taken_over_exactly_once(h: Harness) -> None:
+    e = env(1, 1)
+    r1, r2, r3 = h.run(e), h.run(e), h.run(e)
+    first = h.claim(r1, e, holder=DEAD)
+    taken = h.claim(r2, e, holder=ALIVE)
+    assert taken.outcome is ClaimOutcome.CLAIMED and taken.taken_over
+    assert not taken.task_created and taken.task is not None
+    assert taken.task.task_id == first.execution.task_id
+    assert taken.execution.generation == 2
+    # The new holder is alive: nobody takes it over again.
+    assert h.claim(r3, e, holder="host/4/4/x").outcome is ClaimOutcome.EXECUTION_ALREADY_CLAIMED
+    assert h.store.counts()["tasks"] == 1
+
+
+def test_an_expired_lease_is_taken_over(h: Harness, clock: FrozenClock) -> None:
+    e = env(1, 1)
+    r1, r2 = h.run(e), h.run(e)
+    h.claim(r1, e, holder="elsewhere/9/9/x", lease=30)
+    clock.advance(seconds=31)
+    assert h.claim(r2, e, holder=ALIVE).taken_over
+
+
+def test_the_previous_holder_cannot_report_after_a_takeover(h: Harness) -> None:
+    e = env(1, 1)
+    r1, r2 = h.run(e), h.run(e)
+    h.claim(r1, e, holder=DEAD)
+    h.claim(r2, e, holder=ALIVE)
+    with pytest.raises(StoreError, match="no longer holds"):
+        h.report(r1, e, holder=DEAD)
+    record = h.store.get_execution(h.key(e))
+    assert record is not None and record.state is ExecutionState.CLAIMED
+
+
+def test_reporting_an_unclaimed_occurrence_is_refused(h: Harness) -> None:
+    e = env(1, 1)
+    run_id = h.run(e)
+    with pytest.raises(StoreError, match="claim the occurrence before reporting"):
+        h.report(run_id, e)
+
+
+# -- tasks -------------------------------------------------------------------------------
+
+
+def test_a_later_message_in_the_thread_updates_the_one_task(h: Harness) -> None:
+    first, second = env(1, 5), env(2, 5)
+    run_id = h.run(first, second)
+    a = h.claim(run_id, first)
+    b = h.claim(run_id, second)
+    assert a.task is not None and b.task is not None
+    assert not b.task_created and b.task.task_id == a.task.task_id
+    task = h.store.get_task(a.task.task_id)
+    assert task is not None and [m.provider_message_id for m in task.messages] == ["pm-1", "pm-2"]
+    assert h.store.counts()["tasks"] == 1
+
+
+def test_an_exact_in_reply_to_links_a_message_from_another_provider_thread(h: Harness) -> None:
+    first = env(1, 5)
+    reply = env(2, 6, in_reply_to=first.internet_message_id)
+    run_id = h.run(first, reply)
+    a = h.claim(run_id, first)
+    b = h.claim(run_id, reply)
+    assert a.task is not None and b.task is not None and b.task.task_id == a.task.task_id
+    # The linked thread now maps to the same task.
+    assert h.store.task_for_thread(work_key(WS, reply)) == h.store.get_task(a.task.task_id)
+
+
+def test_the_report_moves_the_task_and_records_gates_and_outcome(
+    h: Harness, clock: FrozenClock
+) -> None:
+    e = env(1, 1)
+    run_id = h.run(e)
+    claimed = h.claim(run_id, e)
+    gate = Gate(
+        kind=GateKind.CONTEXT_GAP, owner="noa.bar@fabrikam.test", since=clock.now(), reason="r"
+    )
+    h.report(
+        run_id, e, Disposition.CONTEXT_GAP_DISCOVERY,
+        update=TaskUpdate(state=TaskState.IN_DISCOVERY, add_gates=(gate,),
+                          provisional_basis={"first_response_hours": "24"}),
+    )  # fmt: skip
+    assert claimed.task is not None
+    task = h.store.get_task(claimed.task.task_id)
+    assert task is not None
+    assert task.state is TaskState.IN_DISCOVERY and task.open_gates == (gate,)
+    assert task.execution_outcome == "CONTEXT_GAP_DISCOVERY" and task.execution_key == h.key(e)
+    assert task.provisional_basis == {"first_response_hours": "24"}
+    assert task.readiness_tier.value == "pending_gates"
+
+
+def test_the_queue_is_non_terminal_tasks_oldest_received_first(h: Harness) -> None:
+    base = datetime(2026, 11, 1, tzinfo=UTC)
+    late = env(1, 1, received_at=base + timedelta(hours=5))
+    early = env(2, 2, received_at=base)
+    done = env(3, 3, received_at=base - timedelta(hours=1))
+    run_id = h.run(late, early, done)
+    for e in (late, early, done):
+        h.claim(run_id, e)
+    h.report(run_id, done, Disposition.NOISE_EXCLUDED, update=TaskUpdate(state=TaskState.COMPLETED))
+    queue = h.store.list_queue(WS)
+    assert [t.provider_thread_id for t in queue] == ["thread-2", "thread-1"]
+
+
+def test_transition_task_refuses_to_close_a_waiting_task(h: Harness, clock: FrozenClock) -> None:
+    e = env(1, 1)
+    run_id = h.run(e)
+    claimed = h.claim(run_id, e)
+    h.report(run_id, e)
+    assert claimed.task is not None
+    h.store.transition_task(claimed.task.task_id, TaskState.WAITING_CLIENT, "asked", clock.now())
+    with pytest.raises(CloseRefused):
+        h.store.transition_task(claimed.task.task_id, TaskState.COMPLETED, "done?", clock.now())
+    task = h.store.get_task(claimed.task.task_id)
+    assert task is not None and task.state is TaskState.WAITING_CLIENT
+    moved = h.store.transition_task(
+        claimed.task.task_id, TaskState.TASK_RESOLVED, "reply", clock.now()
+    )
+    assert moved.state is TaskState.TASK_RESOLVED
+
+
+def test_a_report_resuming_on_inbound_uses_the_state_current_at_report_time(h: Harness) -> None:
+    first, follow = env(1, 1), env(2, 1)
+    run_id = h.run(first, follow)
+    h.claim(run_id, first)
+    h.claim(run_id, follow)  # snapshot: DISCOVERED
+    h.report(
+        run_id, first, Disposition.WAITING_CLIENT, update=TaskUpdate(state=TaskState.TASK_RESOLVED)
+    )
+    h.report(run_id, follow, update=TaskUpdate(resume_on_inbound=True))
+    task = h.store.task_for_thread(work_key(WS, first))
+    assert task is not None and task.state is TaskState.TASK_RESOLVED
+
+
+# -- ledger and reconciliation -------------------------------------------------------------
+
+
+def test_an_item_gets_exactly_one_disposition_per_run(h: Harness, clock: FrozenClock) -> None:
+    e = env(1, 1)
+    run_id = h.run(e)
+    h.store.record_disposition(
+        run_id, e.provider_message_id, Disposition.ESCALATED, "", clock.now()
+    )
+    with pytest.raises(StoreError, match="already has disposition ESCALATED"):
+        h.store.record_disposition(
+            run_id, e.provider_message_id, Disposition.QUEUED, "", clock.now()
+        )
+    with pytest.raises(StoreError, match="never recorded as scanned"):
+        h.store.record_disposition(run_id, "pm-unknown", Disposition.QUEUED, "", clock.now())
+
+
+def test_reconcile_counts_every_scanned_item_into_one_class(h: Harness, clock: FrozenClock) -> None:
+    a, b, c = env(1, 1), env(2, 2), env(3, 3)
+    r1 = h.run(a)
+    h.claim(r1, a)
+    h.report(r1, a)
+    run_id = h.run(a, b, c)
+    h.claim(run_id, a)  # already done
+    h.claim(run_id, b)
+    h.report(run_id, b, Disposition.NOISE_EXCLUDED, update=TaskUpdate(state=TaskState.COMPLETED))
+    h.claim(run_id, c)
+    h.report(run_id, c, Disposition.WAITING_INTERNAL_APPROVAL, update=TaskUpdate())
+    rec = h.store.reconcile(run_id, clock.now())
+    assert (rec.scanned, rec.terminal, rec.non_terminal, rec.claim_race) == (3, 1, 1, 1)
+    assert rec.clean and rec.reconciliation_failed == 0
+    assert h.store.run_summary(run_id) == rec
+
+
+def test_an_item_without_an_outcome_is_reconciliation_failed_and_the_run_not_clean(
+    h: Harness, clock: FrozenClock
+) -> None:
+    a, b = env(1, 1), env(2, 2)
+    run_id = h.run(a, b)
+    h.claim(run_id, a)
+    h.report(run_id, a)
+    h.claim(run_id, b)  # the worker died before reporting b
+    rec = h.store.reconcile(run_id, clock.now())
+    assert rec.reconciliation_failed == 1 and not rec.clean
+    assert (
+        rec.scanned == rec.terminal + rec.non_terminal + rec.claim_race + rec.reconciliation_failed
+    )
+    dispositions = {e.item_ref: e.disposition for e in h.store.ledger(run_id)}
+    assert dispositions["pm-2"] is Disposition.RECONCILIATION_FAILED
+
+
+def test_reconcile_recovers_an_outcome_the_execution_record_holds_for_this_run(
+    h: Harness, clock: FrozenClock
+) -> None:
+    # The report commits the execution, task and ledger together; simulate a ledger that
+    # lost the item's row update (an older run) by scanning the item into a second run that
+    # the same execution record names.
+    a = env(1, 1)
+    run_id = h.run(a)
+    h.claim(run_id, a)
+    h.report(run_id, a)
+    rec = h.store.reconcile(run_id, clock.now())
+    assert rec.clean and rec.recovered == 0
+    assert h.store.reconcile(run_id, clock.now()).scanned == 1  # idempotent
+
+
+def test_reconciling_an_unknown_run_is_an_error(store: SqliteStore, clock: FrozenClock) -> None:
+    with pytest.raises(StoreError, match="does not exist"):
+        store.reconcile("run-nope", clock.now())
+
+
+# -- escalations and health ----------------------------------------------------------------
+
+
+def test_an_escalation_is_claimed_once_and_recorded_once(h: Harness) -> None:
+    e = env(1, 1)
+    r1, r2 = h.run(e), h.run(e)
+    draft = EscalationDraft(
+        scope="station", queue="unresolved", assignee="ops@fabrikam.test", reason="no binding",
+        provider="memory", mailbox_id=MAILBOX, item_ref=e.provider_message_id,
+    )  # fmt: skip
+    for run_id in (r1, r2):
+        h.store.claim(
+            ClaimRequest(key="station-key", service="s", holder=ALIVE, run_id=run_id,
+                         item_ref=e.provider_message_id),
+            draft, h.clock.now(), alive,
+        )  # fmt: skip
+    assert len(h.store.list_escalations("station")) == 1
+    assert h.store.list_escalations("ws-other") == []
+
+
+def test_health_records_count_repeats(store: SqliteStore, clock: FrozenClock) -> None:
+    store.record_health("station.yaml: escalation_contact", "missing", clock.now())
+    store.record_health("station.yaml: escalation_contact", "missing", clock.now())
+    [record] = store.list_health()
+    assert record.key == "station.yaml: escalation_contact" and record.count == 2

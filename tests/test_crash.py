@@ -1,0 +1,193 @@
+"""Crash: real worker processes (the ``outloop run`` CLI) die by SIGKILL at named points.
+
+Each crash point of agent/crashpoints.py is hit by at least 10 SIGKILLs while fresh mail
+keeps arriving; then a clean run takes over every dead holder's claim. Afterwards every
+occurrence has exactly one execution and its thread exactly one task, every run's scanned
+items equal the sum of its dispositions, and SQLite's integrity check is ok.
+"""
+
+from __future__ import annotations
+
+import mailbox
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from datetime import UTC, datetime
+from email.message import EmailMessage
+from pathlib import Path
+
+import pytest
+
+from agent import crashpoints
+from agent.domain.execution import ExecutionState
+from agent.services import workspaces
+from agent.services.holder import holder_alive
+from agent.storage.sqlite import SqliteStore
+from tests.conftest import REPORTED, context_yaml
+
+MAILBOX = "support@fabrikam.test"
+KILLS_PER_POINT = 10
+WS = "ws-crash"
+
+
+class World:
+    """A data directory, a Maildir that keeps receiving mail, and worker processes."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.data_dir = workspaces.DataDir(root / "station")
+        self.maildir = root / "Maildir"
+        self.box = mailbox.Maildir(str(self.maildir), create=True)
+        self.messages = 0
+        self.threads: list[str] = []  # root Message-ID of each thread
+        self.rng = random.Random(7)
+        ctx = root / "context.yaml"
+        ctx.write_text(context_yaml(WS, provider="maildir", path=str(self.maildir)))
+        store = SqliteStore(self.data_dir.database)
+        try:
+            workspaces.add_workspace(store, self.data_dir, ctx, _now())
+        finally:
+            store.close()
+
+    def deliver(self, new_threads: int, follow_ups: int) -> None:
+        for _ in range(new_threads):
+            self._add(None)
+        for _ in range(follow_ups):
+            if self.threads:
+                self._add(self.rng.choice(self.threads))
+
+    def _add(self, thread_root: str | None) -> None:
+        self.messages += 1
+        mid = f"<crash-{self.messages}@contoso.test>"
+        msg = EmailMessage()
+        msg["From"] = "dana.levi@contoso.test"
+        msg["To"] = MAILBOX
+        msg["Subject"] = f"Request {self.messages}"
+        msg["Message-ID"] = mid
+        msg["Date"] = "Mon, 30 Nov 2026 09:00:00 +0000"
+        if thread_root is not None:
+            msg["In-Reply-To"] = thread_root
+            msg["References"] = thread_root
+        else:
+            self.threads.append(mid)
+        msg.set_content(f"message {self.messages}")
+        self.box.add(msg.as_bytes())
+
+    def worker(self, crash: str | None = None) -> subprocess.Popen[bytes]:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("OUTLOOP_")}
+        if crash:
+            env["OUTLOOP_CRASHPOINT"] = crash
+        return subprocess.Popen(
+            [sys.executable, "-m", "mcp_server.cli", "run", "--workspace", WS, "--once",
+             "--quiet", "--json", "--data-dir", str(self.data_dir.root)],
+            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+        )  # fmt: skip
+
+    def store(self) -> SqliteStore:
+        return SqliteStore(self.data_dir.database)
+
+
+def _now():
+
+    return datetime.now(UTC)
+
+
+def _wait(procs: list[subprocess.Popen[bytes]]) -> list[int]:
+    codes: list[int] = []
+    for proc in procs:
+        _, err = proc.communicate(timeout=120)
+        assert proc.returncode in (0, -signal.SIGKILL), err.decode(errors="replace")
+        codes.append(proc.returncode)
+    return codes
+
+
+def assert_recovered(world: World) -> dict[str, int]:
+    """The guarantees after the crashes, checked after one clean run and a reconcile."""
+    store = world.store()
+    try:
+        # Before recovery: every unfinished claim is held by a provably dead holder, so it
+        # is cleanly claimable.
+        unfinished = store.list_executions(ExecutionState.CLAIMED)
+        assert all(not holder_alive(e.holder) for e in unfinished)
+    finally:
+        store.close()
+    assert _wait([world.worker()]) == [0]  # the clean run takes over and finishes
+    store = world.store()
+    try:
+        for run_id in store.list_runs():
+            rec = store.reconcile(run_id, _now())
+            ledger = store.ledger(run_id)
+            assert all(e.disposition is not None for e in ledger)
+            assert rec.scanned == len(ledger)
+            assert rec.scanned == (
+                rec.terminal + rec.non_terminal + rec.claim_race + rec.reconciliation_failed
+            )
+        last = store.reconcile(store.list_runs()[-1], _now())
+        assert last.clean, last
+        counts = store.counts()
+        assert counts["executions"] == counts["executions_done"] == world.messages
+        assert counts["tasks"] == len(world.threads)  # one task per verified thread
+        assert counts["task_messages"] == world.messages
+        assert store.integrity_check() == "ok"
+        return counts
+    finally:
+        store.close()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("point", crashpoints.POINTS)
+def test_workers_killed_at_a_named_crash_point_lose_and_duplicate_nothing(
+    point: str, tmp_path: Path
+) -> None:
+    world = World(tmp_path)
+    world.deliver(new_threads=6, follow_ups=6)
+    kills = rounds = 0
+    while kills < KILLS_PER_POINT:
+        rounds += 1
+        assert rounds <= 60, f"only {kills} kills at {point} in 60 rounds"
+        world.deliver(new_threads=2, follow_ups=2)
+        skip = 0 if point == "mid_reconcile" else world.rng.randint(0, 3)
+        codes = _wait([world.worker(f"{point}:{skip}"), world.worker(f"{point}:{skip + 1}")])
+        kills += codes.count(-signal.SIGKILL)
+    counts = assert_recovered(world)
+    REPORTED[f"crash point {point}"] = {
+        "sigkills": kills, "rounds": rounds, "messages": world.messages,
+        "threads": len(world.threads), "executions": counts["executions"],
+    }  # fmt: skip
+
+
+@pytest.mark.slow
+def test_workers_killed_from_outside_at_random_moments_lose_and_duplicate_nothing(
+    tmp_path: Path,
+) -> None:
+    world = World(tmp_path)
+    kills = 0
+    for _ in range(12):
+        world.deliver(new_threads=12, follow_ups=12)
+        procs = [world.worker() for _ in range(3)]
+        victim = world.rng.choice(procs)
+        target = world.rng.randint(1, 20)
+        store = world.store()
+        try:
+            before = store.counts()["executions"]
+            deadline = time.monotonic() + 60
+            # Poll (waiting on the victim itself between looks) until it is mid-run.
+            while time.monotonic() < deadline and store.counts()["executions"] < before + target:
+                try:
+                    victim.wait(timeout=0.02)
+                    break
+                except subprocess.TimeoutExpired:
+                    continue
+        finally:
+            store.close()
+        if victim.poll() is None:
+            victim.send_signal(signal.SIGKILL)
+        kills += _wait(procs).count(-signal.SIGKILL)
+    counts = assert_recovered(world)
+    REPORTED["crash external random SIGKILL"] = {
+        "sigkills": kills, "messages": world.messages, "executions": counts["executions"],
+    }  # fmt: skip
+    assert kills >= 5

@@ -1,0 +1,28 @@
+"""Race: 16 OS processes each intake the same 10,000 occurrences in random order."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from bench import claims
+from tests.conftest import REPORTED
+
+
+@pytest.mark.slow
+def test_sixteen_processes_racing_over_ten_thousand_occurrences_claim_each_exactly_once(
+    tmp_path: Path,
+) -> None:
+    result = claims.run(tmp_path, workers=16, items=10_000, per_thread=4)
+    REPORTED["race sqlite 16x10000"] = {
+        k: result[k] for k in ("claims", "tasks", "duplicates", "lost", "busy_errors", "attempts")
+    }
+    assert result["attempts"] == 16 * 10_000
+    assert result["claims"] == 10_000
+    assert result["executions_done"] == 10_000
+    assert result["tasks"] == result["threads"] == 2_500  # one task per thread
+    assert result["duplicates"] == 0 and result["lost"] == 0
+    assert result["busy_errors"] == 0
+    assert result["runs_clean"] == 16 and result["scanned_per_run"] == [10_000]
+    assert result["integrity_check"] == "ok"
