@@ -144,3 +144,7 @@ class ReportRequest(BaseModel):
     disposition: Disposition
     detail: str = ""
     task_update: TaskUpdate | None = None
+    retry_at: datetime | None = None
+    """Set when the work hit a transient failure: the execution record becomes RETRY_PENDING
+    (claimable again from this time on) and the task BLOCKED_RETRY_PENDING. Retry state lives
+    on the execution record only."""

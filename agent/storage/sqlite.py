@@ -35,6 +35,7 @@ from agent.domain.records import (
     HealthRecord,
     ReportRequest,
     TaskDraft,
+    TaskUpdate,
     WorkspaceRow,
 )
 from agent.domain.run import LedgerEntry, Reconciliation
@@ -615,13 +616,20 @@ class SqliteStore:
                     f" state {record.state}); the execution record governs, so this report"
                     " is refused"
                 )
+            if request.retry_at is not None and request.disposition in TERMINAL:
+                raise StoreError(
+                    f"a retry cannot carry the terminal disposition {request.disposition}; "
+                    "report a non-terminal outcome (for example QUEUED) with retry_at"
+                )
             row = conn.execute(
-                "UPDATE executions SET state = 'DONE', outcome = ?, result = ?, reported_at = ?"
-                " WHERE key = ? AND generation = ? RETURNING *",
+                "UPDATE executions SET state = ?, outcome = ?, result = ?, reported_at = ?,"
+                " retry_at = ? WHERE key = ? AND generation = ? RETURNING *",
                 (
+                    "DONE" if request.retry_at is None else "RETRY_PENDING",
                     request.disposition.value,
                     request.detail,
                     _ts(now),
+                    None if request.retry_at is None else _ts(request.retry_at),
                     request.key,
                     record.generation,
                 ),
@@ -647,6 +655,10 @@ class SqliteStore:
             "updated_at": now,
         }
         update = request.task_update
+        if request.retry_at is not None:
+            update = (update or TaskUpdate()).model_copy(
+                update={"state": TaskState.BLOCKED_RETRY_PENDING, "resume_on_inbound": False}
+            )
         if update is not None:
             target = after_inbound(task.state) if update.resume_on_inbound else update.state
             if target is not None and target is not task.state:

@@ -438,3 +438,48 @@ def test_health_records_count_repeats(store: SqliteStore, clock: FrozenClock) ->
     store.record_health("station.yaml: escalation_contact", "missing", clock.now())
     [record] = store.list_health()
     assert record.key == "station.yaml: escalation_contact" and record.count == 2
+
+
+# -- retry state lives on the execution record ---------------------------------------------
+
+
+def test_a_retry_is_held_on_the_execution_record_and_claimable_once_due(
+    h: Harness, clock: FrozenClock
+) -> None:
+    e = env(1, 1)
+    r1, r2, r3 = h.run(e), h.run(e), h.run(e)
+    claimed = h.claim(r1, e)
+    h.store.report(
+        ReportRequest(
+            key=h.key(e), holder=ALIVE, run_id=r1, item_ref=e.provider_message_id,
+            disposition=Disposition.QUEUED, detail="provider timed out",
+            retry_at=clock.now() + timedelta(minutes=10),
+        ),
+        clock.now(),
+    )  # fmt: skip
+    record = h.store.get_execution(h.key(e))
+    assert record is not None and record.state is ExecutionState.RETRY_PENDING
+    assert claimed.task is not None
+    task = h.store.get_task(claimed.task.task_id)
+    assert task is not None and task.state is TaskState.BLOCKED_RETRY_PENDING
+    # The task holds no retry timer of its own.
+    assert "retry" not in task.model_dump_json().replace("BLOCKED_RETRY_PENDING", "")
+    assert h.claim(r2, e, holder="host/5/5/x").outcome is ClaimOutcome.EXECUTION_ALREADY_CLAIMED
+    clock.advance(minutes=11)
+    retried = h.claim(r3, e, holder="host/6/6/y")
+    assert retried.outcome is ClaimOutcome.CLAIMED and retried.taken_over
+    assert retried.task is not None and retried.task.task_id == claimed.task.task_id
+
+
+def test_a_retry_with_a_terminal_outcome_is_refused(h: Harness, clock: FrozenClock) -> None:
+    e = env(1, 1)
+    run_id = h.run(e)
+    h.claim(run_id, e)
+    with pytest.raises(StoreError, match="cannot carry the terminal disposition"):
+        h.store.report(
+            ReportRequest(
+                key=h.key(e), holder=ALIVE, run_id=run_id, item_ref=e.provider_message_id,
+                disposition=Disposition.NOISE_EXCLUDED, retry_at=clock.now(),
+            ),
+            clock.now(),
+        )  # fmt: skip
