@@ -1,11 +1,16 @@
-"""``outloop bench claims``: N worker processes each intake the same M occurrences.
+"""``outloop bench claims``: N worker processes each claim the same M occurrences.
 
-Every worker runs the real intake service (scan, ledger, claim + task write, report,
-reconcile) over the same synthetic mailbox in its own random order, against one store.
+Every worker goes over the same synthetic mailbox in its own random order, against one
+store. In ``claim`` mode (the default) each worker records its ledger, then claims every
+occurrence through the claim service: the claim and the task write in one transaction, a
+lost claim recording its claim-race disposition. In ``intake`` mode each worker runs the
+whole intake service instead (scan, ledger, claim, report, reconcile).
+
 The baseline is measured in the same run, on the same disk, by the same number of processes:
-plain one-row-per-transaction inserts with exactly the store's pragmas (WAL,
-synchronous=FULL, the same busy timeout). ``rate_per_s`` counts claim transactions (every
-attempt, won or lost) per second; ``ratio`` is rate / baseline.
+plain one-row-per-transaction inserts with exactly the store's connection settings (WAL,
+synchronous=FULL, the same busy timeout, BEGIN IMMEDIATE). ``rate_per_s`` counts claim
+transactions (every attempt, won or lost) per second of wall time; ``ratio`` is rate /
+baseline.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ import statistics
 import subprocess
 import sys
 import time
+import uuid
 from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
@@ -27,14 +33,18 @@ from typing import Any
 import anyio
 
 from agent.domain.context import MailboxBinding
+from agent.domain.envelope import occurrence_key
 from agent.domain.errors import StoreError
 from agent.domain.records import ClaimRequest, ClaimResult, EscalationDraft, TaskDraft
+from agent.domain.run import LedgerEntry
 from agent.ports import MailProvider
-from agent.services import intake, workspaces
+from agent.services import claim, classify, intake, workspaces
 from agent.services.clock import SystemClock
+from agent.services.holder import current_holder
 from agent.storage.sqlite import SqliteStore, begin_immediate, connect
-from agent.testing import synthetic_mailbox
+from agent.testing import InMemoryProvider, synthetic_mailbox
 
+MODES = ("claim", "intake")
 WORKSPACE_ID = "ws-bench-claims"
 MAILBOX = "bench@outloop.test"
 CONTEXT = f"""\
@@ -83,6 +93,14 @@ def _wait_for(go: Path) -> None:
         time.sleep(0.002)
 
 
+def _wait_for_all(go: Path, workers: int) -> None:
+    deadline = time.monotonic() + 3600
+    while len(list(go.parent.glob(f"{go.name}.done-*"))) < workers:
+        if time.monotonic() > deadline:
+            raise SystemExit("bench worker: the other workers never finished")
+        time.sleep(0.005)
+
+
 def _claims_worker(args: argparse.Namespace) -> dict[str, Any]:
     root = Path(args.dir)
     data_dir = workspaces.DataDir(root)
@@ -97,22 +115,31 @@ def _claims_worker(args: argparse.Namespace) -> dict[str, Any]:
     _wait_for(Path(args.go))
     started = time.perf_counter()
     wall_start = time.time()
-    result = anyio.run(
-        lambda: intake.run_cycle(
-            store=store,
-            data_dir=data_dir,
-            workspace_id=WORKSPACE_ID,
-            provider_for=provider_for,
-            clock=SystemClock(),
+    if args.mode == "intake":
+        result = anyio.run(
+            lambda: intake.run_cycle(
+                store=store,
+                data_dir=data_dir,
+                workspace_id=WORKSPACE_ID,
+                provider_for=provider_for,
+                clock=SystemClock(),
+            )
         )
-    )
+        outcomes = [i.claim.value if i.claim else "none" for i in result.items]
+        clean = bool(result.reconciliation and result.reconciliation.clean)
+        scanned = result.reconciliation.scanned if result.reconciliation else 0
+    else:
+        outcomes = _claim_all(store, box)
+        clean, scanned = True, len(outcomes)
     elapsed = time.perf_counter() - started
+    # Stay alive until every worker is done: a finished worker's unreported claims would
+    # otherwise (rightly) be taken over as a dead holder's.
+    Path(f"{args.go}.done-{args.seed}").touch()
+    _wait_for_all(Path(args.go), args.workers)
     counts: dict[str, int] = {}
-    for item in result.items:
-        name = item.claim.value if item.claim else "none"
+    for name in outcomes:
         counts[name] = counts.get(name, 0) + 1
     store.close()
-    rec = result.reconciliation
     return {
         "start": wall_start,
         "end": wall_start + elapsed,
@@ -120,9 +147,43 @@ def _claims_worker(args: argparse.Namespace) -> dict[str, Any]:
         "outcomes": counts,
         "latencies_ms": [round(x * 1000, 4) for x in store.latencies],
         "busy_errors": store.busy_errors,
-        "clean": bool(rec and rec.clean),
-        "scanned": rec.scanned if rec else 0,
+        "clean": clean,
+        "scanned": scanned,
     }
+
+
+def _claim_all(store: SqliteStore, box: InMemoryProvider) -> list[str]:
+    """Claim every occurrence through the claim service, as intake does, without the rest."""
+    clock = SystemClock()
+    context = workspaces.load_context(store, WORKSPACE_ID)
+    owner = classify.work_owner(context)
+    run_id = f"bench-{uuid.uuid4().hex}"
+    store.start_run(run_id, WORKSPACE_ID, clock.now())
+    envelopes = [item.envelope for item in box.inbox if item.envelope is not None]
+    keys = [occurrence_key(WORKSPACE_ID, e) for e in envelopes]
+    store.record_scanned(
+        [
+            LedgerEntry(run_id=run_id, item_ref=e.provider_message_id, occurrence_key=k)
+            for e, k in zip(envelopes, keys, strict=True)
+        ],
+        clock.now(),
+    )
+    holder = current_holder()
+    outcomes: list[str] = []
+    for envelope, key in zip(envelopes, keys, strict=True):
+        now = clock.now()
+        request = ClaimRequest(
+            key=key,
+            service=intake.SERVICE,
+            holder=holder,
+            run_id=run_id,
+            item_ref=envelope.provider_message_id,
+        )
+        result = claim.claim_occurrence(
+            store, request, claim.task_draft(context, envelope, owner, now), now
+        )
+        outcomes.append(result.outcome.value)
+    return outcomes
 
 
 def _insert_worker(args: argparse.Namespace) -> dict[str, Any]:
@@ -140,6 +201,7 @@ def _insert_worker(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _spawn(role: str, count: int, extra: list[str], go: Path) -> list[dict[str, Any]]:
+    """Start ``count`` workers, release them together, and collect their JSON results."""
     procs = [
         subprocess.Popen(
             [sys.executable, "-m", "bench.claims", role, "--go", str(go), "--seed", str(i), *extra],
@@ -156,6 +218,8 @@ def _spawn(role: str, count: int, extra: list[str], go: Path) -> list[dict[str, 
             raise RuntimeError(f"bench {role} worker exited with {proc.returncode}")
         results.append(json.loads(out.strip().splitlines()[-1]))
     go.unlink()
+    for done in go.parent.glob(f"{go.name}.done-*"):
+        done.unlink()
     return results
 
 
@@ -181,11 +245,14 @@ def run(
     workers: int = 4,
     items: int = 2000,
     per_thread: int = 4,
+    mode: str = "claim",
     progress: Callable[[str], None] = lambda _line: None,
 ) -> dict[str, Any]:
     """Run the benchmark in ``scratch`` (a fresh directory) and return its figures."""
     if backend != "sqlite":
         raise ValueError(f"backend {backend!r} is not available; use sqlite")
+    if mode not in MODES:
+        raise ValueError(f"mode {mode!r} is not one of {', '.join(MODES)}")
     scratch.mkdir(parents=True, exist_ok=True)
     go = scratch / "go"
 
@@ -211,11 +278,20 @@ def run(
     store = SqliteStore(data_dir.database)
     workspaces.add_workspace(store, data_dir, context_file, SystemClock().now())
     store.close()
-    progress(f"claims: {workers} processes x {items} shared occurrences, random order")
+    progress(f"{mode}: {workers} processes x {items} shared occurrences, random order")
     results = _spawn(
         "claims",
         workers,
-        ["--dir", str(root), "--items", str(items), "--per-thread", str(per_thread)],
+        [
+            "--dir",
+            str(root),
+            "--items",
+            str(items),
+            "--per-thread",
+            str(per_thread),
+            "--mode",
+            mode,
+        ],
         go,
     )
     rate, wall, attempts = _rate(results)
@@ -234,6 +310,7 @@ def run(
     return {
         "bench": "claims",
         "backend": backend,
+        "mode": mode,
         "workers": workers,
         "items": items,
         "rate_per_s": round(rate, 1),
@@ -248,7 +325,9 @@ def run(
         "tasks": counts["tasks"],
         "threads": threads,
         "duplicates": duplicates,
-        "lost": items - done,
+        # An occurrence is lost if it ended with no execution at all (claim mode) or
+        # without a DONE one (intake mode, where every claim is reported).
+        "lost": items - (done if mode == "intake" else counts["executions"]),
         "busy_errors": sum(int(r["busy_errors"]) for r in results),
         "runs_clean": sum(1 for r in results if r["clean"]),
         "scanned_per_run": sorted({int(r["scanned"]) for r in results}),
@@ -266,6 +345,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--items", type=int, required=True)
     parser.add_argument("--per-thread", type=int, default=4)
+    parser.add_argument("--mode", choices=MODES, default="claim")
+    parser.add_argument("--workers", type=int, default=1)
     parser.add_argument("--dir")
     parser.add_argument("--db")
     args = parser.parse_args(argv)

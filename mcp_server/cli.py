@@ -284,9 +284,34 @@ def bench() -> None:
 
 
 @bench.command("claims")
-@click.option("--backend", type=click.Choice(["sqlite"]), default="sqlite", show_default=True)
-@click.option("--workers", type=click.IntRange(min=1, max=64), default=4, show_default=True)
-@click.option("--items", type=click.IntRange(min=1), default=2000, show_default=True)
+@click.option(
+    "--backend",
+    type=click.Choice(["sqlite"]),
+    default="sqlite",
+    show_default=True,
+    help="Store backend to measure.",
+)
+@click.option(
+    "--workers",
+    type=click.IntRange(min=1, max=64),
+    default=4,
+    show_default=True,
+    help="Worker processes racing over the same occurrences.",
+)
+@click.option(
+    "--items",
+    type=click.IntRange(min=1),
+    default=2000,
+    show_default=True,
+    help="Occurrences every worker claims.",
+)
+@click.option(
+    "--mode",
+    type=click.Choice(claims.MODES),
+    default="claim",
+    show_default=True,
+    help="claim: the claim service alone; intake: the whole intake cycle per worker.",
+)
 @click.option(
     "--per-thread",
     type=click.IntRange(min=1),
@@ -297,9 +322,15 @@ def bench() -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object as the last line.")
 @data_dir_option
 def bench_claims(
-    backend: str, workers: int, items: int, per_thread: int, as_json: bool, data_dir: Path | None
+    backend: str,
+    workers: int,
+    items: int,
+    mode: str,
+    per_thread: int,
+    as_json: bool,
+    data_dir: Path | None,
 ) -> None:
-    """N worker processes each intake the same M occurrences in random order."""
+    """N worker processes each claim the same M occurrences in random order."""
     # claims.run needs a fresh directory: a reused one (a second run, or OUTLOOP_DATA_DIR
     # pointing at a live station) already holds its baseline rows and bench workspace, and
     # the run dies in a worker. Each run gets its own scratch directory under --data-dir.
@@ -313,6 +344,7 @@ def bench_claims(
         workers=workers,
         items=items,
         per_thread=per_thread,
+        mode=mode,
         progress=lambda line: click.echo(line, err=True),
     )
     if as_json:

@@ -14,7 +14,7 @@ from tests.conftest import REPORTED
 def test_sixteen_processes_racing_over_ten_thousand_occurrences_claim_each_exactly_once(
     tmp_path: Path,
 ) -> None:
-    result = claims.run(tmp_path, workers=16, items=10_000, per_thread=4)
+    result = claims.run(tmp_path, workers=16, items=10_000, per_thread=4, mode="intake")
     REPORTED["race sqlite 16x10000"] = {
         k: result[k] for k in ("claims", "tasks", "duplicates", "lost", "busy_errors", "attempts")
     }

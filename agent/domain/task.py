@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import secrets
 import unicodedata
 from datetime import datetime
 from enum import StrEnum
@@ -59,6 +60,11 @@ _PREFIX_RE = re.compile(
     re.IGNORECASE,
 )
 _BRACKET_TAG_ONLY = re.compile(r"^\s*\[(?:fwd?|re)\s*:[^\]]*\]\s*$", re.IGNORECASE)
+
+
+def new_task_id(now: datetime) -> str:
+    """A task id that sorts by creation time (so new tasks append to the store's index)."""
+    return f"task-{int(now.timestamp() * 1000):012x}-{secrets.token_hex(6)}"
 
 
 def normalize_subject(subject: str) -> str:

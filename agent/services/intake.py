@@ -26,7 +26,6 @@ from agent.domain.envelope import (
     OccurrenceScope,
     compose_key,
     occurrence_key,
-    work_key,
 )
 from agent.domain.execution import ClaimOutcome
 from agent.domain.mail import ScannedMessage
@@ -34,19 +33,16 @@ from agent.domain.records import (
     ClaimRequest,
     EscalationDraft,
     ReportRequest,
-    TaskDraft,
 )
 from agent.domain.registry import Candidate, ResolutionStatus, resolve_workspace
 from agent.domain.run import LedgerEntry, Reconciliation
-from agent.domain.task import MessageRef, NextAction, normalize_subject
 from agent.ports import Clock, MailProvider, Store
-from agent.services import classify
-from agent.services.holder import current_holder, holder_alive
+from agent.services import claim, classify
+from agent.services.holder import current_holder
 from agent.services.workspaces import DataDir, candidates, load_context, load_station
 
 SERVICE = "email-intake"
 STATION_SCOPE = "station"
-PACKAGE_VERSION = "outloop-0.1.0"
 
 
 @dataclass(frozen=True)
@@ -207,39 +203,8 @@ async def _handle(
     clock: Clock,
 ) -> ItemOutcome:
     now = clock.now()
-    sender_contact = context.contact(envelope.sender.address)
-    draft = TaskDraft(
-        task_id=f"task-{uuid.uuid4().hex}",
-        workspace_id=context.workspace_id,
-        work_key=work_key(context.workspace_id, envelope),
-        provider=envelope.provider,
-        mailbox_id=envelope.mailbox_id,
-        provider_thread_id=envelope.provider_thread_id,
-        link_message_ids=tuple(
-            dict.fromkeys(
-                (*((envelope.in_reply_to,) if envelope.in_reply_to else ()), *envelope.references)
-            )
-        ),
-        title=normalize_subject(envelope.subject),
-        original_subject=envelope.subject,
-        received_at=envelope.received_at,
-        message=MessageRef(
-            provider_message_id=envelope.provider_message_id,
-            internet_message_id=envelope.internet_message_id,
-            received_at=envelope.received_at,
-            sender=envelope.sender.address,
-        ),
-        sender_identity=envelope.sender.address,
-        sender_side=sender_contact.side.value if sender_contact and sender_contact.side else None,
-        client_send_policy=context.client_send_policy.value,
-        project_id=context.task_board.project_id,
-        intake_location_id=context.task_board.intake_location_id,
-        next_action=NextAction(
-            description="triage the new message", owner=classify.work_owner(context)
-        ),
-        package_version=PACKAGE_VERSION,
-    )
-    claimed = store.claim(request, draft, now, holder_alive)
+    draft = claim.task_draft(context, envelope, classify.work_owner(context), now)
+    claimed = claim.claim_occurrence(store, request, draft, now)
     if claimed.outcome is not ClaimOutcome.CLAIMED:
         return ItemOutcome(
             request.item_ref,
@@ -322,7 +287,7 @@ def _escalate(
         mailbox_id=plan.mailbox.mailbox_id,
         item_ref=plan.scanned.item_ref,
     )
-    claimed = store.claim(request, draft, now, holder_alive)
+    claimed = claim.claim_occurrence(store, request, draft, now)
     if claimed.outcome is not ClaimOutcome.CLAIMED:
         return ItemOutcome(
             request.item_ref, claimed.outcome.disposition(), claimed.outcome, None, False, ""

@@ -43,29 +43,29 @@ MIGRATIONS: tuple[tuple[int, tuple[str, ...]], ...] = (
             """CREATE TABLE tasks (
                 task_id TEXT PRIMARY KEY,
                 workspace_id TEXT NOT NULL,
-                work_key TEXT NOT NULL UNIQUE,
+                work_key TEXT NOT NULL,
                 state TEXT NOT NULL,
                 terminal INTEGER NOT NULL,
                 received_at REAL NOT NULL,
                 record TEXT NOT NULL
-            )""",
+            ) WITHOUT ROWID""",
             "CREATE INDEX tasks_queue ON tasks (workspace_id, terminal, received_at)",
             """CREATE TABLE task_threads (
                 work_key TEXT PRIMARY KEY,
                 task_id TEXT NOT NULL REFERENCES tasks (task_id)
             ) WITHOUT ROWID""",
+            # Keyed for exact secondary linkage (In-Reply-To/References -> the task).
             """CREATE TABLE task_messages (
-                task_id TEXT NOT NULL REFERENCES tasks (task_id),
                 workspace_id TEXT NOT NULL,
                 provider TEXT NOT NULL,
                 mailbox_id TEXT NOT NULL,
+                internet_message_id TEXT NOT NULL,
                 provider_message_id TEXT NOT NULL,
-                internet_message_id TEXT,
+                task_id TEXT NOT NULL REFERENCES tasks (task_id),
                 received_at REAL NOT NULL,
-                PRIMARY KEY (task_id, provider_message_id)
+                PRIMARY KEY (workspace_id, provider, mailbox_id, internet_message_id,
+                             provider_message_id)
             ) WITHOUT ROWID""",
-            """CREATE INDEX task_messages_link
-                ON task_messages (workspace_id, provider, mailbox_id, internet_message_id)""",
             """CREATE TABLE task_events (
                 task_id TEXT NOT NULL REFERENCES tasks (task_id),
                 at REAL NOT NULL,

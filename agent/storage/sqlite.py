@@ -14,7 +14,7 @@ from collections.abc import Callable, Generator, Sequence
 from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from agent import crashpoints
 from agent.domain.dispositions import (
@@ -379,6 +379,18 @@ class SqliteStore:
         holder_alive: Callable[[str], bool],
     ) -> ClaimResult:
         lease = _ts(now + timedelta(seconds=request.lease_seconds))
+        # A new task is built before the write lock, unless a quick read shows the occurrence
+        # already has an execution (then this claim most likely loses and builds nothing;
+        # if it wins a takeover after all, the task is built under the lock). The read is
+        # only a hint: the outcome is decided by the insert below.
+        fresh: tuple[Task, str] | None = None
+        if isinstance(draft, TaskDraft) and not self._read(
+            "SELECT 1 FROM executions WHERE key = ?", (request.key,)
+        ):
+            fresh = self._new_task(draft, now)
+        lost: tuple[ClaimOutcome, sqlite3.Row] | None = None
+        task: Task | None = None
+        created = taken_over = False
         with self._tx() as conn:
             row = conn.execute(
                 "INSERT INTO executions (key, service, holder, state, generation,"
@@ -395,44 +407,42 @@ class SqliteStore:
                     _ts(now),
                 ),
             ).fetchone()
-            taken_over = False
             if row is None:
                 existing = conn.execute(
                     "SELECT * FROM executions WHERE key = ?", (request.key,)
                 ).fetchone()
-                record = self._execution(existing)
-                outcome = self._contest(record, now, holder_alive)
+                outcome = self._contest(existing, now, holder_alive)
                 if outcome is not None:
+                    held = outcome is ClaimOutcome.EXECUTION_ALREADY_CLAIMED
                     self._set_disposition(
                         conn,
                         request.run_id,
                         request.item_ref,
                         outcome.disposition(),
-                        f"held by {record.holder}"
-                        if outcome is ClaimOutcome.EXECUTION_ALREADY_CLAIMED
-                        else "",
+                        f"held by {existing['holder']}" if held else "",
                         now,
                     )
-                    return ClaimResult(outcome=outcome, execution=record)
-                row = conn.execute(
-                    "UPDATE executions SET holder = ?, state = 'CLAIMED', generation ="
-                    " generation + 1, lease_expires_at = ?, retry_at = NULL, run_id = ?,"
-                    " item_ref = ?, claimed_at = ? WHERE key = ? AND generation = ?"
-                    " RETURNING *",
-                    (
-                        request.holder,
-                        lease,
-                        request.run_id,
-                        request.item_ref,
-                        _ts(now),
-                        request.key,
-                        record.generation,
-                    ),
-                ).fetchone()
-                if row is None:  # pragma: no cover - the write lock makes this unreachable
-                    raise StoreError(f"claim takeover of {request.key} lost a race")
-                taken_over = True
-            if isinstance(draft, EscalationDraft):
+                    lost = (outcome, existing)
+                else:
+                    row = conn.execute(
+                        "UPDATE executions SET holder = ?, state = 'CLAIMED', generation ="
+                        " generation + 1, lease_expires_at = ?, retry_at = NULL, run_id = ?,"
+                        " item_ref = ?, claimed_at = ? WHERE key = ? AND generation = ?"
+                        " RETURNING *",
+                        (
+                            request.holder,
+                            lease,
+                            request.run_id,
+                            request.item_ref,
+                            _ts(now),
+                            request.key,
+                            existing["generation"],
+                        ),
+                    ).fetchone()
+                    if row is None:  # pragma: no cover - the write lock makes this unreachable
+                        raise StoreError(f"claim takeover of {request.key} lost a race")
+                    taken_over = True
+            if lost is None and isinstance(draft, EscalationDraft):
                 conn.execute(
                     "INSERT INTO escalations (occurrence_key, scope, queue, assignee, reason,"
                     " provider, mailbox_id, item_ref, created_at)"
@@ -450,47 +460,53 @@ class SqliteStore:
                     ),
                 )
                 crashpoints.hit("after_task_write")
-                return ClaimResult(
-                    outcome=ClaimOutcome.CLAIMED,
-                    execution=self._execution(row),
-                    taken_over=taken_over,
+            elif lost is None and isinstance(draft, TaskDraft):
+                task, created = self._upsert_task(
+                    conn, draft, fresh or self._new_task(draft, now), now
                 )
-            task, created = self._upsert_task(conn, draft, now)
-            row = conn.execute(
-                "UPDATE executions SET task_id = ? WHERE key = ? RETURNING *",
-                (task.task_id, request.key),
-            ).fetchone()
-            crashpoints.hit("after_task_write")
-            return ClaimResult(
-                outcome=ClaimOutcome.CLAIMED,
-                execution=self._execution(row),
-                task=task,
-                task_created=created,
-                taken_over=taken_over,
-            )
+                row = conn.execute(
+                    "UPDATE executions SET task_id = ? WHERE key = ? RETURNING *",
+                    (task.task_id, request.key),
+                ).fetchone()
+                crashpoints.hit("after_task_write")
+        # Committed: build the answer outside the write lock.
+        if lost is not None:
+            return ClaimResult(outcome=lost[0], execution=self._execution(lost[1]))
+        assert row is not None  # a won claim always has its execution row
+        return ClaimResult(
+            outcome=ClaimOutcome.CLAIMED,
+            execution=self._execution(row),
+            task=task,
+            task_created=created,
+            taken_over=taken_over,
+        )
 
     @staticmethod
     def _contest(
-        record: ExecutionRecord, now: datetime, holder_alive: Callable[[str], bool]
+        existing: sqlite3.Row, now: datetime, holder_alive: Callable[[str], bool]
     ) -> ClaimOutcome | None:
         """None when the existing execution may be taken over, else the claim-race outcome."""
-        if record.state is ExecutionState.DONE:
+        state = ExecutionState(existing["state"])
+        if state is ExecutionState.DONE:
             return ClaimOutcome.EXECUTION_ALREADY_DONE
-        if record.state is ExecutionState.RETRY_PENDING:
-            due = record.retry_at is None or record.retry_at <= now
+        if state is ExecutionState.RETRY_PENDING:
+            retry_at = existing["retry_at"]
+            due = retry_at is None or retry_at <= _ts(now)
             return None if due else ClaimOutcome.EXECUTION_ALREADY_CLAIMED
-        if record.lease_expires_at <= now or not holder_alive(record.holder):
+        if existing["lease_expires_at"] <= _ts(now) or not holder_alive(existing["holder"]):
             return None
         return ClaimOutcome.EXECUTION_ALREADY_CLAIMED
 
-    def _find_task_id(self, conn: sqlite3.Connection, draft: TaskDraft) -> str | None:
+    @staticmethod
+    def _find_task_id(conn: sqlite3.Connection, draft: TaskDraft) -> tuple[str | None, bool]:
+        """The thread's task id, and whether it was found by the work key itself."""
         row = conn.execute(
             "SELECT task_id FROM task_threads WHERE work_key = ?", (draft.work_key,)
         ).fetchone()
         if row is not None:
-            return str(row["task_id"])
+            return str(row["task_id"]), True
         if not draft.link_message_ids:
-            return None
+            return None, False
         marks = ",".join("?" for _ in draft.link_message_ids)
         row = conn.execute(
             "SELECT task_id FROM task_messages WHERE workspace_id = ? AND provider = ? AND"
@@ -498,71 +514,75 @@ class SqliteStore:
             " ORDER BY received_at LIMIT 1",
             (draft.workspace_id, draft.provider, draft.mailbox_id, *draft.link_message_ids),
         ).fetchone()
-        return None if row is None else str(row["task_id"])
+        return (None, False) if row is None else (str(row["task_id"]), False)
+
+    @staticmethod
+    def _new_task(draft: TaskDraft, now: datetime) -> tuple[Task, str]:
+        task = Task(
+            task_id=draft.task_id,
+            workspace_id=draft.workspace_id,
+            work_key=draft.work_key,
+            provider=draft.provider,
+            mailbox_id=draft.mailbox_id,
+            provider_thread_id=draft.provider_thread_id,
+            title=draft.title,
+            original_subject=draft.original_subject,
+            received_at=draft.received_at,
+            first_seen_at=now,
+            updated_at=now,
+            state=TaskState.DISCOVERED,
+            sender_identity=draft.sender_identity,
+            sender_side=draft.sender_side,
+            client_send_policy=draft.client_send_policy,
+            project_id=draft.project_id,
+            intake_location_id=draft.intake_location_id,
+            next_action=draft.next_action,
+            messages=(draft.message,),
+            package_version=draft.package_version,
+        )
+        return task, task.model_dump_json()
 
     def _upsert_task(
-        self, conn: sqlite3.Connection, draft: TaskDraft, now: datetime
+        self, conn: sqlite3.Connection, draft: TaskDraft, fresh: tuple[Task, str], now: datetime
     ) -> tuple[Task, bool]:
-        task_id = self._find_task_id(conn, draft)
+        task_id, by_work_key = self._find_task_id(conn, draft)
         created = task_id is None
         if task_id is None:
-            task = Task(
-                task_id=draft.task_id,
-                workspace_id=draft.workspace_id,
-                work_key=draft.work_key,
-                provider=draft.provider,
-                mailbox_id=draft.mailbox_id,
-                provider_thread_id=draft.provider_thread_id,
-                title=draft.title,
-                original_subject=draft.original_subject,
-                received_at=draft.received_at,
-                first_seen_at=now,
-                updated_at=now,
-                state=TaskState.DISCOVERED,
-                sender_identity=draft.sender_identity,
-                sender_side=draft.sender_side,
-                client_send_policy=draft.client_send_policy,
-                project_id=draft.project_id,
-                intake_location_id=draft.intake_location_id,
-                next_action=draft.next_action,
-                messages=(draft.message,),
-                package_version=draft.package_version,
-            )
-            self._insert_task(conn, task)
+            task, record = fresh
+            self._insert_task(conn, task, record)
         else:
             task = self._load_task(conn, task_id)
             known = {m.provider_message_id for m in task.messages}
             if draft.message.provider_message_id not in known:
                 task = task.model_copy(
-                    update={
-                        "messages": (*task.messages, draft.message),
-                        "updated_at": now,
-                    }
+                    update={"messages": (*task.messages, draft.message), "updated_at": now}
                 )
-                self._save_task(conn, task)
+                self._save_task(conn, task, task.state)
+        if not by_work_key:
+            # A new thread row: the thread's own task, or an alias found by exact linkage.
+            # UNIQUE(work_key) makes a second task for one thread impossible.
+            conn.execute(
+                "INSERT INTO task_threads (work_key, task_id) VALUES (?, ?)",
+                (draft.work_key, task.task_id),
+            )
         conn.execute(
-            "INSERT INTO task_threads (work_key, task_id) VALUES (?, ?)"
-            " ON CONFLICT (work_key) DO NOTHING",
-            (draft.work_key, task.task_id),
-        )
-        conn.execute(
-            "INSERT INTO task_messages (task_id, workspace_id, provider, mailbox_id,"
-            " provider_message_id, internet_message_id, received_at) VALUES (?, ?, ?, ?, ?, ?, ?)"
-            " ON CONFLICT (task_id, provider_message_id) DO NOTHING",
+            "INSERT INTO task_messages (workspace_id, provider, mailbox_id, internet_message_id,"
+            " provider_message_id, task_id, received_at) VALUES (?, ?, ?, ?, ?, ?, ?)"
+            " ON CONFLICT DO NOTHING",
             (
-                task.task_id,
                 draft.workspace_id,
                 draft.provider,
                 draft.mailbox_id,
+                draft.message.internet_message_id or "",
                 draft.message.provider_message_id,
-                draft.message.internet_message_id,
+                task.task_id,
                 _ts(draft.message.received_at),
             ),
         )
         return task, created
 
     @staticmethod
-    def _insert_task(conn: sqlite3.Connection, task: Task) -> None:
+    def _insert_task(conn: sqlite3.Connection, task: Task, record: str) -> None:
         conn.execute(
             "INSERT INTO tasks (task_id, workspace_id, work_key, state, terminal, received_at,"
             " record) VALUES (?, ?, ?, ?, ?, ?, ?)",
@@ -573,23 +593,22 @@ class SqliteStore:
                 task.state.value,
                 int(task.state in TERMINAL_STATES),
                 _ts(task.received_at),
-                task.model_dump_json(),
+                record,
             ),
         )
 
     @staticmethod
-    def _save_task(conn: sqlite3.Connection, task: Task) -> None:
+    def _save_task(conn: sqlite3.Connection, task: Task, previous: TaskState) -> None:
         conn.execute(
-            "UPDATE tasks SET state = ?, terminal = ?, received_at = ?, record = ?"
-            " WHERE task_id = ?",
-            (
-                task.state.value,
-                int(task.state in TERMINAL_STATES),
-                _ts(task.received_at),
-                task.model_dump_json(),
-                task.task_id,
-            ),
+            "UPDATE tasks SET state = ?, record = ? WHERE task_id = ?",
+            (task.state.value, task.model_dump_json(), task.task_id),
         )
+        if (task.state in TERMINAL_STATES) != (previous in TERMINAL_STATES):
+            # Only then does the queue index change.
+            conn.execute(
+                "UPDATE tasks SET terminal = ? WHERE task_id = ?",
+                (int(task.state in TERMINAL_STATES), task.task_id),
+            )
 
     @staticmethod
     def _load_task(conn: sqlite3.Connection, task_id: str) -> Task:
@@ -599,31 +618,17 @@ class SqliteStore:
         return Task.model_validate_json(row["record"])
 
     def report(self, request: ReportRequest, now: datetime) -> ExecutionRecord:
+        if request.retry_at is not None and request.disposition in TERMINAL:
+            raise StoreError(
+                f"a retry cannot carry the terminal disposition {request.disposition}; "
+                "report a non-terminal outcome (for example QUEUED) with retry_at"
+            )
         crashpoints.hit("before_report")
         with self._tx() as conn:
-            existing = conn.execute(
-                "SELECT * FROM executions WHERE key = ?", (request.key,)
-            ).fetchone()
-            if existing is None:
-                raise StoreError(
-                    f"no execution record for {request.key}; claim the occurrence before "
-                    "reporting it"
-                )
-            record = self._execution(existing)
-            if record.holder != request.holder or record.state is not ExecutionState.CLAIMED:
-                raise StoreError(
-                    f"{request.holder} no longer holds {request.key} (holder {record.holder},"
-                    f" state {record.state}); the execution record governs, so this report"
-                    " is refused"
-                )
-            if request.retry_at is not None and request.disposition in TERMINAL:
-                raise StoreError(
-                    f"a retry cannot carry the terminal disposition {request.disposition}; "
-                    "report a non-terminal outcome (for example QUEUED) with retry_at"
-                )
+            # Only the current holder of a live claim may report: compare-and-set.
             row = conn.execute(
                 "UPDATE executions SET state = ?, outcome = ?, result = ?, reported_at = ?,"
-                " retry_at = ? WHERE key = ? AND generation = ? RETURNING *",
+                " retry_at = ? WHERE key = ? AND holder = ? AND state = 'CLAIMED' RETURNING *",
                 (
                     "DONE" if request.retry_at is None else "RETRY_PENDING",
                     request.disposition.value,
@@ -631,13 +636,15 @@ class SqliteStore:
                     _ts(now),
                     None if request.retry_at is None else _ts(request.retry_at),
                     request.key,
-                    record.generation,
+                    request.holder,
                 ),
             ).fetchone()
-            if record.task_id is not None:
-                task = self._load_task(conn, record.task_id)
-                task = self._apply_report(task, request, record, now)
-                self._save_task(conn, task)
+            if row is None:
+                self._refuse_report(conn, request)
+            if row["task_id"] is not None:
+                before = self._load_task(conn, row["task_id"])
+                task = self._apply_report(before, request, now)
+                self._save_task(conn, task, before.state)
             self._set_disposition(
                 conn, request.run_id, request.item_ref, request.disposition, request.detail, now
             )
@@ -645,11 +652,23 @@ class SqliteStore:
         return self._execution(row)
 
     @staticmethod
-    def _apply_report(
-        task: Task, request: ReportRequest, record: ExecutionRecord, now: datetime
-    ) -> Task:
+    def _refuse_report(conn: sqlite3.Connection, request: ReportRequest) -> NoReturn:
+        existing = conn.execute(
+            "SELECT holder, state FROM executions WHERE key = ?", (request.key,)
+        ).fetchone()
+        if existing is None:
+            raise StoreError(
+                f"no execution record for {request.key}; claim the occurrence before reporting it"
+            )
+        raise StoreError(
+            f"{request.holder} no longer holds {request.key} (holder {existing['holder']}, state"
+            f" {existing['state']}); the execution record governs, so this report is refused"
+        )
+
+    @staticmethod
+    def _apply_report(task: Task, request: ReportRequest, now: datetime) -> Task:
         changes: dict[str, Any] = {
-            "execution_key": record.key,
+            "execution_key": request.key,
             "execution_result": request.detail or None,
             "execution_outcome": request.disposition.value,
             "updated_at": now,
@@ -736,18 +755,18 @@ class SqliteStore:
         self, task_id: str, target: TaskState, evidence: str, now: datetime
     ) -> Task:
         with self._tx() as conn:
-            task = self._load_task(conn, task_id)
-            check_transition(task.state, target)
-            task = task.model_copy(
+            before = self._load_task(conn, task_id)
+            check_transition(before.state, target)
+            task = before.model_copy(
                 update={
                     "state": target,
                     "updated_at": now,
                     "readiness_tier": ReadinessTier.DONE
                     if target in TERMINAL_STATES
-                    else task.readiness_tier,
+                    else before.readiness_tier,
                 }
             )
-            self._save_task(conn, task)
+            self._save_task(conn, task, before.state)
             conn.execute(
                 "INSERT INTO task_events (task_id, at, state, evidence) VALUES (?, ?, ?, ?)",
                 (task_id, _ts(now), target.value, evidence),
