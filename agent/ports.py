@@ -102,11 +102,14 @@ class Store(TaskBoard, Protocol):
     def record_disposition(
         self, run_id: str, item_ref: str, disposition: Disposition, detail: str, now: datetime
     ) -> None: ...
+    def record_dispositions(
+        self, run_id: str, decided: Sequence[tuple[str, Disposition, str]], now: datetime
+    ) -> None: ...
     def ledger(self, run_id: str) -> list[LedgerEntry]: ...
     def reconcile(self, run_id: str, now: datetime) -> Reconciliation: ...
 
     # claims and execution records
-    def claim(
+    def claim(  # a lost claim writes nothing; its caller records the claim-race disposition
         self,
         request: ClaimRequest,
         draft: TaskDraft | EscalationDraft,

@@ -33,8 +33,10 @@ from typing import Any
 import anyio
 
 from agent.domain.context import MailboxBinding
+from agent.domain.dispositions import Disposition
 from agent.domain.envelope import occurrence_key
 from agent.domain.errors import StoreError
+from agent.domain.execution import ClaimOutcome
 from agent.domain.records import ClaimRequest, ClaimResult, EscalationDraft, TaskDraft
 from agent.domain.run import LedgerEntry
 from agent.ports import MailProvider
@@ -170,6 +172,7 @@ def _claim_all(store: SqliteStore, box: InMemoryProvider) -> list[str]:
     )
     holder = current_holder()
     outcomes: list[str] = []
+    race: list[tuple[str, Disposition, str]] = []
     for envelope, key in zip(envelopes, keys, strict=True):
         now = clock.now()
         request = ClaimRequest(
@@ -183,6 +186,9 @@ def _claim_all(store: SqliteStore, box: InMemoryProvider) -> list[str]:
             store, request, claim.task_draft(context, envelope, owner, now), now
         )
         outcomes.append(result.outcome.value)
+        if result.outcome is not ClaimOutcome.CLAIMED:
+            race.append((envelope.provider_message_id, result.outcome.disposition(), ""))
+    store.record_dispositions(run_id, race, clock.now())  # as intake does, in one batch
     return outcomes
 
 
@@ -291,6 +297,8 @@ def run(
             str(per_thread),
             "--mode",
             mode,
+            "--workers",
+            str(workers),
         ],
         go,
     )
@@ -346,7 +354,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--items", type=int, required=True)
     parser.add_argument("--per-thread", type=int, default=4)
     parser.add_argument("--mode", choices=MODES, default="claim")
-    parser.add_argument("--workers", type=int, default=1)
+    parser.add_argument("--workers", type=int, default=1, help="workers to wait for at the end")
     parser.add_argument("--dir")
     parser.add_argument("--db")
     args = parser.parse_args(argv)

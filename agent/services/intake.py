@@ -43,6 +43,7 @@ from agent.services.workspaces import DataDir, candidates, load_context, load_st
 
 SERVICE = "email-intake"
 STATION_SCOPE = "station"
+RACE_BATCH = 256
 
 
 @dataclass(frozen=True)
@@ -132,6 +133,9 @@ async def run_cycle(
     preflights = {
         b.mailbox_id: classify.preflight(context, b.mailbox_id) for b in context.mailboxes
     }
+    # Claim-race outcomes write nothing when decided; their ledger entries are recorded in
+    # batches (a worker that dies before a batch leaves those items to reconciliation).
+    race: list[tuple[str, Disposition, str]] = []
     for index, plan in enumerate(planned, start=1):
         request = ClaimRequest(
             key=plan.key,
@@ -147,8 +151,14 @@ async def run_cycle(
         else:
             outcome = _escalate(store, context, station, plan, request, clock)
         result.items.append(outcome)
+        if outcome.claim is not None and outcome.claim is not ClaimOutcome.CLAIMED:
+            race.append((outcome.item_ref, outcome.disposition, outcome.detail))
+            if len(race) >= RACE_BATCH:
+                store.record_dispositions(run_id, race, clock.now())
+                race.clear()
         if on_progress is not None:
             on_progress(Progress(done=index, total=len(planned), outcome=outcome))
+    store.record_dispositions(run_id, race, clock.now())
     result.reconciliation = store.reconcile(run_id, clock.now())
     return result
 
@@ -212,7 +222,9 @@ async def _handle(
             claimed.outcome,
             None,
             False,
-            f"execution held by {claimed.execution.holder}",
+            f"held by {claimed.execution.holder}"
+            if claimed.outcome is ClaimOutcome.EXECUTION_ALREADY_CLAIMED
+            else "",
         )
     crashpoints.hit("after_claim_txn")
     task = claimed.task

@@ -276,8 +276,17 @@ class SqliteStore:
     def record_disposition(
         self, run_id: str, item_ref: str, disposition: Disposition, detail: str, now: datetime
     ) -> None:
+        self.record_dispositions(run_id, [(item_ref, disposition, detail)], now)
+
+    def record_dispositions(
+        self, run_id: str, decided: Sequence[tuple[str, Disposition, str]], now: datetime
+    ) -> None:
+        """Record several items' dispositions in one transaction (all or none)."""
+        if not decided:
+            return
         with self._tx() as conn:
-            self._set_disposition(conn, run_id, item_ref, disposition, detail, now)
+            for item_ref, disposition, detail in decided:
+                self._set_disposition(conn, run_id, item_ref, disposition, detail, now)
 
     def ledger(self, run_id: str) -> list[LedgerEntry]:
         rows = self._read(
@@ -379,14 +388,17 @@ class SqliteStore:
         holder_alive: Callable[[str], bool],
     ) -> ClaimResult:
         lease = _ts(now + timedelta(seconds=request.lease_seconds))
-        # A new task is built before the write lock, unless a quick read shows the occurrence
-        # already has an execution (then this claim most likely loses and builds nothing;
-        # if it wins a takeover after all, the task is built under the lock). The read is
-        # only a hint: the outcome is decided by the insert below.
+        # A claim that has already lost needs no write lock: DONE is final, and a live
+        # holder's claim can only be taken over once the holder is dead or its lease expired,
+        # which a later claim sees. Only the insert below can win a claim.
+        known = self._read("SELECT * FROM executions WHERE key = ?", (request.key,))
+        if known:
+            outcome = self._contest(known[0], now, holder_alive)
+            if outcome is not None:
+                return ClaimResult(outcome=outcome, execution=self._execution(known[0]))
+        # A new task is built before the write lock (unless this is a takeover).
         fresh: tuple[Task, str] | None = None
-        if isinstance(draft, TaskDraft) and not self._read(
-            "SELECT 1 FROM executions WHERE key = ?", (request.key,)
-        ):
+        if isinstance(draft, TaskDraft) and not known:
             fresh = self._new_task(draft, now)
         lost: tuple[ClaimOutcome, sqlite3.Row] | None = None
         task: Task | None = None
@@ -413,15 +425,6 @@ class SqliteStore:
                 ).fetchone()
                 outcome = self._contest(existing, now, holder_alive)
                 if outcome is not None:
-                    held = outcome is ClaimOutcome.EXECUTION_ALREADY_CLAIMED
-                    self._set_disposition(
-                        conn,
-                        request.run_id,
-                        request.item_ref,
-                        outcome.disposition(),
-                        f"held by {existing['holder']}" if held else "",
-                        now,
-                    )
                     lost = (outcome, existing)
                 else:
                     row = conn.execute(

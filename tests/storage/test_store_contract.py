@@ -194,10 +194,12 @@ def test_a_second_claim_on_a_held_occurrence_creates_nothing(h: Harness) -> None
     e = env(1, 1)
     r1, r2 = h.run(e), h.run(e)
     h.claim(r1, e)
+    before = h.store.counts()
     lost = h.claim(r2, e, holder="host/3/3/other")
     assert lost.outcome is ClaimOutcome.EXECUTION_ALREADY_CLAIMED and lost.task is None
-    assert h.store.counts()["tasks"] == 1
-    assert h.store.ledger(r2)[0].disposition is Disposition.EXECUTION_ALREADY_CLAIMED
+    assert lost.execution.holder == ALIVE
+    # A lost claim writes nothing at all; its caller records the claim-race disposition.
+    assert h.store.counts() == before and h.store.ledger(r2)[0].disposition is None
 
 
 def test_a_claim_after_the_report_is_already_done(h: Harness) -> None:
@@ -207,7 +209,6 @@ def test_a_claim_after_the_report_is_already_done(h: Harness) -> None:
     h.report(r1, e)
     r2 = h.run(e)
     assert h.claim(r2, e).outcome is ClaimOutcome.EXECUTION_ALREADY_DONE
-    assert h.store.ledger(r2)[0].disposition is Disposition.EXECUTION_ALREADY_DONE
 
 
 def test_a_dead_holders_claim_is_taken_over_exactly_once(h: Harness) -> None:
@@ -345,6 +346,25 @@ def test_a_report_resuming_on_inbound_uses_the_state_current_at_report_time(h: H
 # -- ledger and reconciliation -------------------------------------------------------------
 
 
+def test_claim_race_dispositions_are_recorded_in_one_batch_all_or_none(
+    h: Harness, clock: FrozenClock
+) -> None:
+    a, b = env(1, 1), env(2, 2)
+    run_id = h.run(a, b)
+    race = [
+        ("pm-1", Disposition.EXECUTION_ALREADY_DONE, ""),
+        ("pm-2", Disposition.EXECUTION_ALREADY_CLAIMED, "held"),
+    ]
+    h.store.record_dispositions(run_id, race, clock.now())
+    assert [e.disposition for e in h.store.ledger(run_id)] == [d for _, d, _ in race]
+    # A batch with one bad entry records nothing.
+    run2 = h.run(a, b)
+    bad = [("pm-1", Disposition.EXECUTION_ALREADY_DONE, ""), ("pm-9", Disposition.QUEUED, "")]
+    with pytest.raises(StoreError, match="never recorded as scanned"):
+        h.store.record_dispositions(run2, bad, clock.now())
+    assert all(e.disposition is None for e in h.store.ledger(run2))
+
+
 def test_an_item_gets_exactly_one_disposition_per_run(h: Harness, clock: FrozenClock) -> None:
     e = env(1, 1)
     run_id = h.run(e)
@@ -365,7 +385,8 @@ def test_reconcile_counts_every_scanned_item_into_one_class(h: Harness, clock: F
     h.claim(r1, a)
     h.report(r1, a)
     run_id = h.run(a, b, c)
-    h.claim(run_id, a)  # already done
+    assert h.claim(run_id, a).outcome is ClaimOutcome.EXECUTION_ALREADY_DONE
+    h.store.record_disposition(run_id, "pm-1", Disposition.EXECUTION_ALREADY_DONE, "", clock.now())
     h.claim(run_id, b)
     h.report(run_id, b, Disposition.NOISE_EXCLUDED, update=TaskUpdate(state=TaskState.COMPLETED))
     h.claim(run_id, c)
