@@ -6,6 +6,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
+from agent.domain.context import parse_context
 from agent.domain.dispositions import Disposition, GateKind
 from agent.domain.envelope import Envelope, occurrence_key, work_key
 from agent.domain.errors import CloseRefused, RegistryError, StoreError
@@ -21,9 +22,11 @@ from agent.domain.records import (
 )
 from agent.domain.run import LedgerEntry
 from agent.domain.states import TaskState
-from agent.domain.task import Gate, MessageRef, NextAction, normalize_subject
+from agent.domain.task import Gate
+from agent.services import claim
 from agent.storage.sqlite import SqliteStore
 from agent.testing import FrozenClock, make_envelope
+from tests.conftest import context_yaml
 
 WS = "ws-contract"
 MAILBOX = "support@fabrikam.test"
@@ -35,32 +38,12 @@ def alive(holder: str) -> bool:
     return holder != DEAD
 
 
-def draft_for(env: Envelope, task_id: str | None = None) -> TaskDraft:
-    return TaskDraft(
-        task_id=task_id or f"task-{env.provider_message_id}",
-        workspace_id=WS,
-        work_key=work_key(WS, env),
-        provider=env.provider,
-        mailbox_id=env.mailbox_id,
-        provider_thread_id=env.provider_thread_id,
-        link_message_ids=tuple(x for x in (env.in_reply_to, *env.references) if x),
-        title=normalize_subject(env.subject),
-        original_subject=env.subject,
-        received_at=env.received_at,
-        message=MessageRef(
-            provider_message_id=env.provider_message_id,
-            internet_message_id=env.internet_message_id,
-            received_at=env.received_at,
-            sender=env.sender.address,
-        ),
-        sender_identity=env.sender.address,
-        sender_side="client",
-        client_send_policy="draft_for_internal_approval",
-        project_id=None,
-        intake_location_id=None,
-        next_action=NextAction(description="triage", owner="noa.bar@fabrikam.test"),
-        package_version="test",
-    )
+CONTEXT = parse_context(context_yaml(WS, mailbox=MAILBOX))
+
+
+def draft_for(env: Envelope) -> TaskDraft:
+    """What the intake service's claim writes for this message."""
+    return claim.task_draft(CONTEXT, env, "noa.bar@fabrikam.test", env.received_at)
 
 
 class Harness:
