@@ -203,6 +203,7 @@ def _summary(result: intake.RunResult) -> dict[str, Any]:
             for i in result.items
         ],
         "reconciliation": rec.model_dump(mode="json") if rec else None,
+        "access_errors": result.access_errors,
     }
 
 
@@ -242,7 +243,11 @@ def run_command(
     quiet: bool,
     data_dir: Path | None,
 ) -> None:
-    """Run the intake cycle: scan, normalize, resolve, claim, task, triage, report, reconcile."""
+    """Run the intake cycle: scan, normalize, resolve, claim, task, triage, report, reconcile.
+
+    Exit status with --once: 0 clean, 3 the run did not reconcile clean, 4 a mailbox could
+    not be read (named on stderr and in a health record; the other mailboxes still ran).
+    """
     root = _root(data_dir)
     while True:
         try:
@@ -254,9 +259,11 @@ def run_command(
             click.echo(json.dumps(_summary(result), ensure_ascii=False))
         else:
             _echo_reconciliation(result)
+        for error in result.access_errors:
+            click.echo(f"mailbox not read: {error}", err=True)
         clean = result.reconciliation is not None and result.reconciliation.clean
         if once:
-            sys.exit(0 if clean else 3)
+            sys.exit(4 if result.access_errors else 0 if clean else 3)
         time.sleep(interval)
 
 

@@ -27,6 +27,7 @@ from agent.domain.envelope import (
     compose_key,
     occurrence_key,
 )
+from agent.domain.errors import ProviderError
 from agent.domain.execution import ClaimOutcome
 from agent.domain.mail import ScannedMessage
 from agent.domain.records import (
@@ -69,6 +70,8 @@ class RunResult:
     workspace_id: str
     items: list[ItemOutcome] = field(default_factory=list[ItemOutcome])
     reconciliation: Reconciliation | None = None
+    access_errors: list[str] = field(default_factory=list[str])
+    """Mailboxes that could not be read this run (each also has a health record)."""
 
 
 @dataclass(frozen=True)
@@ -107,12 +110,23 @@ async def run_cycle(
 
     planned: list[_Planned] = []
     for binding in context.mailboxes:
-        provider = provider_for(binding)
         cands = candidates(store, binding.provider, binding.mailbox_id)
-        async for scanned in provider.scan():
-            plan = _plan(scanned, binding, cands, workspace_id)
-            if plan is not None:
-                planned.append(plan)
+        found: list[_Planned] = []
+        try:
+            provider = provider_for(binding)
+            async for scanned in provider.scan():
+                plan = _plan(scanned, binding, cands, workspace_id)
+                if plan is not None:
+                    found.append(plan)
+        except ProviderError as exc:
+            # An access gap, not a policy refusal: the other mailboxes still run, and the
+            # gap is on record for the operator and the access resolver.
+            store.record_health(
+                f"mailbox {binding.mailbox_id} ({binding.provider})", str(exc), clock.now()
+            )
+            result.access_errors.append(f"{binding.mailbox_id}: {exc}")
+            continue
+        planned.extend(found)
     store.record_scanned(
         [
             LedgerEntry(

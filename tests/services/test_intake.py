@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import textwrap
 from collections.abc import Callable
 from pathlib import Path
 
@@ -11,6 +12,7 @@ from agent.domain.dispositions import Disposition, GateKind
 from agent.domain.envelope import Address
 from agent.domain.errors import RegistryError
 from agent.domain.states import TaskState
+from agent.providers.maildir import MaildirProvider
 from agent.services import intake, workspaces
 from agent.storage.sqlite import SqliteStore
 from agent.testing import FrozenClock, InMemoryProvider, make_envelope
@@ -239,3 +241,34 @@ async def test_a_run_for_an_unregistered_workspace_fails_with_what_to_do(
 ) -> None:
     with pytest.raises(RegistryError, match="outloop workspace add"):
         await cycle(station_store, data_dir, "ws-nobody", clock, InMemoryProvider(MAILBOX))
+
+
+async def test_an_unreadable_mailbox_is_an_access_gap_and_the_other_mailboxes_still_run(
+    station_store: SqliteStore, data_dir: workspaces.DataDir, clock: FrozenClock,
+    register: Callable[[str], str], tmp_path: Path,
+) -> None:  # fmt: skip
+    extra = f"""\
+    mailboxes:
+      - {{mailbox_id: {MAILBOX}, provider: memory}}
+      - {{mailbox_id: archive@fabrikam.test, provider: maildir, path: {tmp_path / "missing"}}}
+    """
+    text = context_yaml().replace(
+        f"mailboxes:\n  - {{mailbox_id: {MAILBOX}, provider: memory}}\n", ""
+    )
+    ws = register(text + textwrap.dedent(extra))
+    box = InMemoryProvider(MAILBOX)
+    box.deliver(make_envelope(mailbox_id=MAILBOX, message_no=1, thread_no=1))
+    boxes = {
+        MAILBOX: box,
+        "archive@fabrikam.test": MaildirProvider(tmp_path / "missing", "archive@fabrikam.test"),
+    }
+    result = await intake.run_cycle(
+        store=station_store, data_dir=data_dir, workspace_id=ws,
+        provider_for=lambda b: boxes[b.mailbox_id], clock=clock,
+    )  # fmt: skip
+    assert [i.disposition for i in result.items] == [Disposition.QUEUED]
+    [error] = result.access_errors
+    assert error.startswith("archive@fabrikam.test: no Maildir at") and "create it" in error
+    [health] = station_store.list_health()
+    assert health.key == "mailbox archive@fabrikam.test (maildir)"
+    assert result.reconciliation is not None and result.reconciliation.scanned == 1
