@@ -19,6 +19,7 @@ from pathlib import Path
 import anyio
 
 from agent.domain.errors import RegistryError
+from agent.providers.maildir import MaildirProvider
 from agent.services import intake, workspaces
 from agent.services.clock import SystemClock
 from mcp_server.composition import Station, open_station, provider_for
@@ -137,13 +138,20 @@ def seed_maildir(path: Path, now: datetime) -> int:
     return len(messages) + 2
 
 
-def _show_run(result: intake.RunResult, station: Station, echo: Callable[[str], None]) -> None:
+def _show_run(
+    result: intake.RunResult, subjects: dict[str, str], echo: Callable[[str], None]
+) -> None:
     echo("")
-    echo(f"{'item':<36} {'claim':<26} {'disposition':<24} task")
+    echo(f"{'message':<34} {'claim':<24} {'disposition':<24} task")
     for item in result.items:
         claim = item.claim.value if item.claim else "-"
-        task = (item.task_id or "-")[:18] + (" (new)" if item.task_created else "")
-        echo(f"{item.item_ref[:36]:<36} {claim:<26} {item.disposition.value:<24} {task}")
+        task = (item.task_id or "-") + (" (new)" if item.task_created else "")
+        subject = subjects.get(item.item_ref, item.item_ref)
+        echo(f"{subject[:33]:<34} {claim:<24} {item.disposition.value:<24} {task}")
+    _show_reconciliation(result, echo)
+
+
+def _show_reconciliation(result: intake.RunResult, echo: Callable[[str], None]) -> None:
     rec = result.reconciliation
     assert rec is not None
     echo(
@@ -151,7 +159,15 @@ def _show_run(result: intake.RunResult, station: Station, echo: Callable[[str], 
         f"{rec.non_terminal} + claim-race {rec.claim_race}; failed "
         f"{rec.reconciliation_failed}; {'clean' if rec.clean else 'NOT clean'}"
     )
-    del station
+
+
+async def _subjects(maildir: Path) -> dict[str, str]:
+    """Subjects by item, for display only (the demo's own sample mail)."""
+    return {
+        item.item_ref: item.envelope.subject
+        async for item in MaildirProvider(maildir, MAILBOX).scan()
+        if item.envelope is not None
+    }
 
 
 def run(root: Path, echo: Callable[[str], None]) -> None:
@@ -184,28 +200,39 @@ def run(root: Path, echo: Callable[[str], None]) -> None:
         else:
             echo(f"workspace {WORKSPACE_ID} already registered here; reusing it")
 
-        def progress(p: intake.Progress) -> None:
-            echo(f"  [{p.done}/{p.total}] {p.outcome.item_ref[:40]} -> {p.outcome.disposition}")
+        subjects = anyio.run(_subjects, maildir)
 
-        for label in ("first cycle", "replay of the same mailbox"):
-            echo(f"\n== {label} ==")
-            result = anyio.run(_cycle, station, progress)
-            _show_run(result, station, echo)
+        def progress(p: intake.Progress) -> None:
+            subject = subjects.get(p.outcome.item_ref, p.outcome.item_ref)
+            echo(f"  [{p.done}/{p.total}] {subject[:40]} -> {p.outcome.disposition}")
+
+        echo("\n== first cycle ==")
+        result = anyio.run(_cycle, station, progress)
+        _show_run(result, subjects, echo)
+
+        echo("\n== replay of the same mailbox ==")
+        replay = anyio.run(_cycle, station, None)
+        kinds = sorted({i.disposition.value for i in replay.items})
+        echo(
+            f"{len(replay.items)} items, outcomes: {', '.join(kinds)} "
+            "(nothing is claimed or created twice)"
+        )
+        _show_reconciliation(replay, echo)
 
         echo("\n== tasks (one per verified thread) ==")
         for task in station.store.list_tasks(WORKSPACE_ID):
-            echo(
-                f"{task.task_id[:18]}  {task.state.value:<22} {len(task.messages)} msg  "
-                f"{task.title}"
-            )
-            echo(f"{'':18}  next: {task.next_action.description} (owner {task.next_action.owner})")
+            echo(f"{task.task_id}  {task.state.value:<14} {len(task.messages)} msg  {task.title}")
+            echo(f"{'':30}  next: {task.next_action.description}")
+            echo(f"{'':30}  owner: {task.next_action.owner}")
         queue = station.store.list_queue(WORKSPACE_ID)
         echo(f"\nqueue (non-terminal tasks, oldest first): {len(queue)}")
     finally:
         station.close()
 
 
-async def _cycle(station: Station, progress: Callable[[intake.Progress], None]) -> intake.RunResult:
+async def _cycle(
+    station: Station, progress: Callable[[intake.Progress], None] | None
+) -> intake.RunResult:
     return await intake.run_cycle(
         store=station.store,
         data_dir=station.data_dir,

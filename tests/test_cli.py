@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import mailbox
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -440,9 +441,15 @@ def _sections(output: str) -> dict[str, list[str]]:
     return sections
 
 
+_TABLE_ROW = re.compile(
+    r"\s(CLAIMED|EXECUTION_ALREADY_CLAIMED|EXECUTION_ALREADY_DONE)\s+([A-Z_]+)\s"
+)
+
+
 def _table_dispositions(lines: list[str]) -> list[str]:
     """The disposition column of a cycle's item table (progress lines are indented)."""
-    return [line.split()[2] for line in lines if line.startswith("maildir:")]
+    rows = [_TABLE_ROW.search(line) for line in lines if not line.startswith("  [")]
+    return [row.group(2) for row in rows if row is not None]
 
 
 def _reconciliation_lines(lines: list[str]) -> list[str]:
@@ -479,8 +486,10 @@ def test_demo_shows_a_clean_lifecycle_with_dedup_and_noise(cli: Cli, tmp_path: P
     assert len(first) == 6
     assert first.count("EXECUTION_ALREADY_DONE") == 1  # the duplicate delivery
     assert first.count("NOISE_EXCLUDED") == 1  # the auto-reply
-    replay = _table_dispositions(sections["replay of the same mailbox"])
-    assert replay == ["EXECUTION_ALREADY_DONE"] * 6
+    replay = sections["replay of the same mailbox"]
+    assert (
+        "6 items, outcomes: EXECUTION_ALREADY_DONE (nothing is claimed or created twice)" in replay
+    )
 
 
 def test_demo_twice_on_one_data_dir_reuses_the_workspace(cli: Cli, tmp_path: Path) -> None:
@@ -489,8 +498,11 @@ def test_demo_twice_on_one_data_dir_reuses_the_workspace(cli: Cli, tmp_path: Pat
     sections = _demo(cli, root)
     assert any("already registered here; reusing it" in line for line in sections[""])
     assert not any(line.startswith("seeded ") for line in sections[""])
-    for cycle in ("first cycle", "replay of the same mailbox"):
-        assert _table_dispositions(sections[cycle]) == ["EXECUTION_ALREADY_DONE"] * 6
+    assert _table_dispositions(sections["first cycle"]) == ["EXECUTION_ALREADY_DONE"] * 6
+    assert any(
+        line.startswith("6 items, outcomes: EXECUTION_ALREADY_DONE (")
+        for line in sections["replay of the same mailbox"]
+    )
     shown = cli("workspace", "show", "--json", "--data-dir", root)
     assert shown.returncode == 0, shown.stderr
     assert [r["workspace_id"] for r in json.loads(shown.stdout)] == [DEMO_WORKSPACE_ID]
