@@ -160,7 +160,8 @@ def _claim_all(store: SqliteStore, box: InMemoryProvider) -> list[str]:
     context = workspaces.load_context(store, WORKSPACE_ID)
     owner = classify.work_owner(context)
     run_id = f"bench-{uuid.uuid4().hex}"
-    store.start_run(run_id, WORKSPACE_ID, clock.now())
+    holder = current_holder()
+    store.start_run(run_id, WORKSPACE_ID, holder, clock.now())
     envelopes = [item.envelope for item in box.inbox if item.envelope is not None]
     keys = [occurrence_key(WORKSPACE_ID, e) for e in envelopes]
     store.record_scanned(
@@ -170,7 +171,6 @@ def _claim_all(store: SqliteStore, box: InMemoryProvider) -> list[str]:
         ],
         clock.now(),
     )
-    holder = current_holder()
     outcomes: list[str] = []
     race: list[tuple[str, Disposition, str]] = []
     for envelope, key in zip(envelopes, keys, strict=True):

@@ -39,7 +39,7 @@ from agent.domain.registry import Candidate, ResolutionStatus, resolve_workspace
 from agent.domain.run import LedgerEntry, Reconciliation
 from agent.ports import Clock, MailProvider, Store
 from agent.services import claim, classify
-from agent.services.holder import current_holder
+from agent.services.holder import current_holder, holder_alive
 from agent.services.workspaces import DataDir, candidates, load_context, load_station
 
 SERVICE = "email-intake"
@@ -71,6 +71,8 @@ class RunResult:
     items: list[ItemOutcome] = field(default_factory=list[ItemOutcome])
     reconciliation: Reconciliation | None = None
     access_errors: list[str] = field(default_factory=list[str])
+    reconciled_stale: list[Reconciliation] = field(default_factory=list[Reconciliation])
+    """Earlier runs of dead workers that this run reconciled."""
     """Mailboxes that could not be read this run (each also has a health record)."""
 
 
@@ -105,8 +107,13 @@ async def run_cycle(
     context = load_context(store, workspace_id)  # live context, re-read on every run
     station = load_station(data_dir)
     run_id = f"run-{uuid.uuid4().hex}"
-    store.start_run(run_id, workspace_id, clock.now())
     result = RunResult(run_id=run_id, workspace_id=workspace_id)
+    # Runs whose worker died before reconciling are reconciled now, so every scanned item
+    # of every run ends with exactly one outcome.
+    for stale_id, stale_holder in store.unreconciled_runs(workspace_id):
+        if not holder_alive(stale_holder):
+            result.reconciled_stale.append(store.reconcile(stale_id, clock.now()))
+    store.start_run(run_id, workspace_id, holder, clock.now())
 
     planned: list[_Planned] = []
     for binding in context.mailboxes:

@@ -75,11 +75,13 @@ MIGRATIONS: tuple[tuple[int, tuple[str, ...]], ...] = (
             """CREATE TABLE runs (
                 run_id TEXT PRIMARY KEY,
                 scope TEXT NOT NULL,
+                holder TEXT NOT NULL,
                 started_at REAL NOT NULL,
                 reconciled_at REAL,
                 clean INTEGER,
                 summary TEXT
             )""",
+            "CREATE INDEX runs_open ON runs (reconciled_at)",
             """CREATE TABLE run_items (
                 run_id TEXT NOT NULL REFERENCES runs (run_id),
                 item_ref TEXT NOT NULL,

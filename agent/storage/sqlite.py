@@ -229,12 +229,20 @@ class SqliteStore:
 
     # -- run ledger -------------------------------------------------------------------------
 
-    def start_run(self, run_id: str, scope: str, started_at: datetime) -> None:
+    def start_run(self, run_id: str, scope: str, holder: str, started_at: datetime) -> None:
         with self._tx() as conn:
             conn.execute(
-                "INSERT INTO runs (run_id, scope, started_at) VALUES (?, ?, ?)",
-                (run_id, scope, _ts(started_at)),
+                "INSERT INTO runs (run_id, scope, holder, started_at) VALUES (?, ?, ?, ?)",
+                (run_id, scope, holder, _ts(started_at)),
             )
+
+    def unreconciled_runs(self, scope: str) -> list[tuple[str, str]]:
+        rows = self._read(
+            "SELECT run_id, holder FROM runs WHERE reconciled_at IS NULL AND scope = ?"
+            " ORDER BY started_at",
+            (scope,),
+        )
+        return [(str(r["run_id"]), str(r["holder"])) for r in rows]
 
     def record_scanned(self, entries: Sequence[LedgerEntry], now: datetime) -> None:
         with self._tx() as conn:

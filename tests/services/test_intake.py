@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 import textwrap
 from collections.abc import Callable
 from pathlib import Path
@@ -272,3 +273,18 @@ async def test_an_unreadable_mailbox_is_an_access_gap_and_the_other_mailboxes_st
     [health] = station_store.list_health()
     assert health.key == "mailbox archive@fabrikam.test (maildir)"
     assert result.reconciliation is not None and result.reconciliation.scanned == 1
+
+
+async def test_a_new_run_reconciles_the_open_runs_of_dead_workers(
+    station_store: SqliteStore,
+    data_dir: workspaces.DataDir,
+    clock: FrozenClock,
+    register: Callable[[str], str],
+) -> None:
+    ws = register(context_yaml())
+    station_store.start_run("run-dead", ws, f"{socket.gethostname()}/999999999/1/dead", clock.now())
+    station_store.start_run("run-elsewhere", ws, "another-host.test/1/1/x", clock.now())
+    result = await cycle(station_store, data_dir, ws, clock, InMemoryProvider(MAILBOX))
+    assert [r.run_id for r in result.reconciled_stale] == ["run-dead"]
+    # A run held on another machine cannot be proven dead from here: it stays open.
+    assert station_store.unreconciled_runs(ws) == [("run-elsewhere", "another-host.test/1/1/x")]

@@ -57,7 +57,7 @@ class Harness:
     def run(self, *envs: Envelope) -> str:
         self.runs += 1
         run_id = f"run-{self.runs}"
-        self.store.start_run(run_id, WS, self.clock.now())
+        self.store.start_run(run_id, WS, ALIVE, self.clock.now())
         self.store.record_scanned(
             [
                 LedgerEntry(
@@ -487,3 +487,13 @@ def test_a_retry_with_a_terminal_outcome_is_refused(h: Harness, clock: FrozenClo
             ),
             clock.now(),
         )  # fmt: skip
+
+
+def test_unreconciled_runs_lists_open_runs_of_the_scope_with_their_holder(
+    h: Harness, clock: FrozenClock
+) -> None:
+    e = env(1, 1)
+    open_run, done_run = h.run(e), h.run(e)
+    h.store.reconcile(done_run, clock.now())
+    h.store.start_run("run-other-scope", "ws-other", DEAD, clock.now())
+    assert h.store.unreconciled_runs(WS) == [(open_run, ALIVE)]
