@@ -183,7 +183,7 @@ def _claim_all(store: SqliteStore, box: InMemoryProvider) -> list[str]:
             item_ref=envelope.provider_message_id,
         )
         result = claim.claim_occurrence(
-            store, request, claim.task_draft(context, envelope, owner, now), now
+            store, request, claim.task_draft(context, envelope, key, owner, now), now
         )
         outcomes.append(result.outcome.value)
         if result.outcome is not ClaimOutcome.CLAIMED:

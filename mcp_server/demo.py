@@ -18,6 +18,7 @@ from pathlib import Path
 
 import anyio
 
+from agent.domain.context import MailboxBinding
 from agent.domain.errors import RegistryError
 from agent.providers.maildir import MaildirProvider
 from agent.services import intake, workspaces
@@ -163,8 +164,9 @@ def _show_reconciliation(result: intake.RunResult, echo: Callable[[str], None]) 
 
 async def _subjects(maildir: Path) -> dict[str, str]:
     """Subjects by item, for display only (the demo's own sample mail)."""
+    binding = MailboxBinding(mailbox_id=MAILBOX, provider="maildir", path=str(maildir))
     return {
-        item.item_ref: item.envelope.subject
+        intake.item_ref(binding, item.item_ref): item.envelope.subject
         async for item in MaildirProvider(maildir, MAILBOX).scan()
         if item.envelope is not None
     }

@@ -162,9 +162,9 @@ def maildir_workspace(tmp_path: Path) -> MaildirWorkspace:
     )
     return MaildirWorkspace(
         context_file=context,
-        first=f"maildir:{first}",
-        reply=f"maildir:{reply}",
-        separate=f"maildir:{separate}",
+        first=f"maildir:support@fabrikam.test/maildir:{first}",
+        reply=f"maildir:support@fabrikam.test/maildir:{reply}",
+        separate=f"maildir:support@fabrikam.test/maildir:{separate}",
     )
 
 

@@ -7,6 +7,7 @@
     +-- UnknownStateError       a state or disposition name that does not exist (a loud defect)
     +-- RegistryError           a workspace registration that conflicts with the registry
     +-- StoreError              the store could not complete an operation
+    |   +-- ClaimLost           a report from a holder that no longer holds the claim
     +-- ProviderError           a mail provider failed; adapters translate vendor errors into it
 
 Every message is a sentence that says what happened and what to do about it.
@@ -39,6 +40,10 @@ class RegistryError(OutloopError):
 
 class StoreError(OutloopError):
     """The store could not complete an operation."""
+
+
+class ClaimLost(StoreError):
+    """A report from a holder whose claim was taken over (its lease expired)."""
 
 
 class ProviderError(OutloopError):

@@ -31,6 +31,8 @@ class TaskDraft(BaseModel):
     model_config = ConfigDict(frozen=True)
 
     task_id: str
+    occurrence_key: str
+    """The claimed occurrence; a task it creates records it as ``created_by``."""
     workspace_id: str
     work_key: str
     provider: str
@@ -85,6 +87,10 @@ class TaskUpdate(BaseModel):
     """A follow-up in the thread: resume the task from whatever state it is in when the
     report is written (a client reply resumes WAITING_CLIENT), instead of a fixed target.
     The next action is then replaced only if the task actually resumed."""
+    sole_message: str | None = None
+    """Apply ``state`` only while this provider message is the task's only message: a
+    verdict about one message (automated noise) never closes a thread that meanwhile
+    gained a real one."""
     add_gates: tuple[Gate, ...] = ()
     next_action: NextAction | None = None
     provisional_basis: dict[str, str] | None = None

@@ -32,7 +32,6 @@ class Reconciliation(BaseModel):
     non_terminal: int
     claim_race: int
     reconciliation_failed: int
-    recovered: int
     by_disposition: dict[str, int]
     clean: bool
     reconciled_at: datetime

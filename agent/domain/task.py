@@ -175,5 +175,11 @@ class Task(BaseModel):
         description="provisional values for context gaps; never official KPIs",
     )
     messages: tuple[MessageRef, ...] = ()
+    created_by: str = ""
+    """The occurrence key whose claim created the task (a takeover of that claim is still
+    the task's first handling, not a follow-up)."""
+    blocked_by: str | None = None
+    """The execution key whose retry blocks the task (BLOCKED_RETRY_PENDING); the retry
+    state itself lives on that execution record."""
     package_version: str = ""
     drift_status: str = "in_sync"

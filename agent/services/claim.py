@@ -16,13 +16,14 @@ PACKAGE_VERSION = "outloop-0.1.0"
 
 
 def task_draft(
-    context: WorkspaceContext, envelope: Envelope, owner: str, now: datetime
+    context: WorkspaceContext, envelope: Envelope, key: str, owner: str, now: datetime
 ) -> TaskDraft:
     """What the claim holder writes for this message: a new task, or an update to its thread's."""
     sender_contact = context.contact(envelope.sender.address)
     links = (envelope.in_reply_to,) if envelope.in_reply_to else ()
     return TaskDraft(
         task_id=new_task_id(now),
+        occurrence_key=key,
         workspace_id=context.workspace_id,
         work_key=work_key(context.workspace_id, envelope),
         provider=envelope.provider,

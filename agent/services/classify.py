@@ -68,6 +68,7 @@ def triage(
                 Disposition.NOISE_EXCLUDED,
                 TaskUpdate(
                     state=TaskState.COMPLETED,
+                    sole_message=envelope.provider_message_id,
                     next_action=NextAction(description="none: automated message", owner=owner),
                 ),
                 noise,

@@ -27,7 +27,7 @@ from agent.domain.envelope import (
     compose_key,
     occurrence_key,
 )
-from agent.domain.errors import ProviderError
+from agent.domain.errors import ClaimLost, ProviderError
 from agent.domain.execution import ClaimOutcome
 from agent.domain.mail import ScannedMessage
 from agent.domain.records import (
@@ -88,8 +88,18 @@ class _Planned:
     def envelope(self) -> Envelope | None:
         return self.scanned.envelope
 
+    @property
+    def ref(self) -> str:
+        """The item's ledger reference: provider ids are unique per mailbox only."""
+        return item_ref(self.mailbox, self.scanned.item_ref)
+
 
 ProviderFactory = Callable[[MailboxBinding], MailProvider]
+
+
+def item_ref(binding: MailboxBinding, provider_ref: str) -> str:
+    """An item's reference in the run ledger: ``provider:mailbox/provider-item-ref``."""
+    return f"{binding.provider}:{binding.mailbox_id}/{provider_ref}"
 
 
 async def run_cycle(
@@ -115,7 +125,12 @@ async def run_cycle(
             result.reconciled_stale.append(store.reconcile(stale_id, clock.now()))
     store.start_run(run_id, workspace_id, holder, clock.now())
 
+    # 1. Preflight first; a failure gates the work on each item, never detection.
+    preflights = {
+        b.mailbox_id: classify.preflight(context, b.mailbox_id) for b in context.mailboxes
+    }
     planned: list[_Planned] = []
+    seen: set[str] = set()
     for binding in context.mailboxes:
         cands = candidates(store, binding.provider, binding.mailbox_id)
         found: list[_Planned] = []
@@ -123,7 +138,8 @@ async def run_cycle(
             provider = provider_for(binding)
             async for scanned in provider.scan():
                 plan = _plan(scanned, binding, cands, workspace_id)
-                if plan is not None:
+                if plan is not None and plan.ref not in seen:
+                    seen.add(plan.ref)
                     found.append(plan)
         except ProviderError as exc:
             # An access gap, not a policy refusal: the other mailboxes still run, and the
@@ -136,9 +152,7 @@ async def run_cycle(
         planned.extend(found)
     store.record_scanned(
         [
-            LedgerEntry(
-                run_id=run_id, item_ref=p.scanned.item_ref, occurrence_key=p.key, detail=p.reason
-            )
+            LedgerEntry(run_id=run_id, item_ref=p.ref, occurrence_key=p.key, detail=p.reason)
             for p in planned
         ],
         clock.now(),
@@ -148,12 +162,9 @@ async def run_cycle(
         key=lambda p: (
             p.envelope is None,
             p.envelope.received_at.timestamp() if p.envelope else 0.0,
-            p.scanned.item_ref,
+            p.ref,
         )
     )
-    preflights = {
-        b.mailbox_id: classify.preflight(context, b.mailbox_id) for b in context.mailboxes
-    }
     # Claim-race outcomes write nothing when decided; their ledger entries are recorded in
     # batches (a worker that dies before a batch leaves those items to reconciliation).
     race: list[tuple[str, Disposition, str]] = []
@@ -163,14 +174,31 @@ async def run_cycle(
             service=SERVICE,
             holder=holder,
             run_id=run_id,
-            item_ref=plan.scanned.item_ref,
+            item_ref=plan.ref,
         )
-        if plan.owner == workspace_id and plan.envelope is not None and not plan.reason:
-            outcome = await _handle(
-                store, context, plan.envelope, request, preflights[plan.mailbox.mailbox_id], clock
+        try:
+            if plan.owner == workspace_id and plan.envelope is not None and not plan.reason:
+                outcome = await _handle(
+                    store,
+                    context,
+                    plan.envelope,
+                    request,
+                    preflights[plan.mailbox.mailbox_id],
+                    clock,
+                )
+            else:
+                outcome = _escalate(store, context, station, plan, request, clock)
+        except ClaimLost as exc:
+            # This worker was too slow: its lease expired and another holder took the
+            # occurrence over. The other holder finishes it; this run records the race.
+            outcome = ItemOutcome(
+                plan.ref,
+                Disposition.EXECUTION_ALREADY_CLAIMED,
+                ClaimOutcome.EXECUTION_ALREADY_CLAIMED,
+                None,
+                False,
+                str(exc),
             )
-        else:
-            outcome = _escalate(store, context, station, plan, request, clock)
         result.items.append(outcome)
         if outcome.claim is not None and outcome.claim is not ClaimOutcome.CLAIMED:
             race.append((outcome.item_ref, outcome.disposition, outcome.detail))
@@ -234,7 +262,7 @@ async def _handle(
     clock: Clock,
 ) -> ItemOutcome:
     now = clock.now()
-    draft = claim.task_draft(context, envelope, classify.work_owner(context), now)
+    draft = claim.task_draft(context, envelope, request.key, classify.work_owner(context), now)
     claimed = claim.claim_occurrence(store, request, draft, now)
     if claimed.outcome is not ClaimOutcome.CLAIMED:
         return ItemOutcome(
@@ -253,7 +281,7 @@ async def _handle(
     verdict = classify.triage(
         context, envelope, task, claimed.task_created, preflight_failure, clock.now()
     )
-    store.report(
+    record = store.report(
         ReportRequest(
             key=request.key,
             holder=request.holder,
@@ -267,7 +295,7 @@ async def _handle(
     )
     return ItemOutcome(
         request.item_ref,
-        verdict.disposition,
+        record.outcome or verdict.disposition,
         ClaimOutcome.CLAIMED,
         task.task_id,
         claimed.task_created,
@@ -318,7 +346,7 @@ def _escalate(
         reason=plan.reason,
         provider=plan.mailbox.provider,
         mailbox_id=plan.mailbox.mailbox_id,
-        item_ref=plan.scanned.item_ref,
+        item_ref=plan.ref,
     )
     claimed = claim.claim_occurrence(store, request, draft, now)
     if claimed.outcome is not ClaimOutcome.CLAIMED:

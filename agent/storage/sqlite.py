@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import sqlite3
 import threading
+import time
 from collections.abc import Callable, Generator, Sequence
 from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
@@ -24,7 +25,7 @@ from agent.domain.dispositions import (
     Disposition,
     parse_disposition,
 )
-from agent.domain.errors import RegistryError, StoreError
+from agent.domain.errors import ClaimLost, RegistryError, StoreError, TransitionError
 from agent.domain.execution import ClaimOutcome, ExecutionRecord, ExecutionState
 from agent.domain.records import (
     Binding,
@@ -35,12 +36,12 @@ from agent.domain.records import (
     HealthRecord,
     ReportRequest,
     TaskDraft,
-    TaskUpdate,
     WorkspaceRow,
 )
+from agent.domain.reporting import apply_report, readiness
 from agent.domain.run import LedgerEntry, Reconciliation
-from agent.domain.states import TERMINAL_STATES, TaskState, after_inbound, check_transition
-from agent.domain.task import ReadinessTier, Task
+from agent.domain.states import TERMINAL_STATES, TaskState, check_transition
+from agent.domain.task import Task
 from agent.storage.schema import MIGRATIONS
 
 BUSY_TIMEOUT_S = 60.0
@@ -53,10 +54,26 @@ def connect(path: Path) -> sqlite3.Connection:
     conn = sqlite3.connect(
         str(path), isolation_level=None, timeout=BUSY_TIMEOUT_S, check_same_thread=False
     )
-    conn.execute("PRAGMA journal_mode=WAL")
+    _switch_to_wal(conn, path)
     conn.execute("PRAGMA synchronous=FULL")
     conn.execute("PRAGMA foreign_keys=ON")
     return conn
+
+
+def _switch_to_wal(conn: sqlite3.Connection, path: Path) -> None:
+    """Switching a new database to WAL needs an exclusive lock that the busy handler does
+    not wait for; processes opening a fresh database together retry it, with a bound."""
+    deadline = time.monotonic() + BUSY_TIMEOUT_S
+    while True:
+        try:
+            conn.execute("PRAGMA journal_mode=WAL")
+            return
+        except sqlite3.OperationalError as exc:
+            if not _is_busy(exc) or time.monotonic() > deadline:
+                raise StoreError(
+                    f"could not open {path} in WAL mode: {exc}; is another program holding it?"
+                ) from exc
+        time.sleep(0.005)
 
 
 def _is_busy(exc: sqlite3.OperationalError) -> bool:
@@ -110,11 +127,11 @@ class SqliteStore:
             begin_immediate(self._conn, self.path)
             try:
                 yield self._conn
-            except BaseException:
-                self._conn.execute("ROLLBACK")
-                raise
-            else:
                 self._conn.execute("COMMIT")
+            except BaseException:
+                if self._conn.in_transaction:  # SQLite may have rolled back already
+                    self._conn.execute("ROLLBACK")
+                raise
 
     def _read(self, sql: str, params: Sequence[Any] = ()) -> list[sqlite3.Row]:
         with self._lock:
@@ -125,6 +142,12 @@ class SqliteStore:
             conn.execute("CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL)")
             row = conn.execute("SELECT max(version) AS v FROM schema_version").fetchone()
             current = int(row["v"] or 0)
+            known = MIGRATIONS[-1][0]
+            if current > known:
+                raise StoreError(
+                    f"the database {self.path} has schema version {current}, newer than this "
+                    f"Outloop knows ({known}); upgrade Outloop before opening it"
+                )
             for version, statements in MIGRATIONS:
                 if version <= current:
                     continue
@@ -245,10 +268,14 @@ class SqliteStore:
         return [(str(r["run_id"]), str(r["holder"])) for r in rows]
 
     def record_scanned(self, entries: Sequence[LedgerEntry], now: datetime) -> None:
+        refs = [e.item_ref for e in entries]
+        if len(set(refs)) != len(refs):
+            twice = sorted({r for r in refs if refs.count(r) > 1})
+            raise StoreError(f"items scanned twice in one run: {', '.join(twice[:5])}")
         with self._tx() as conn:
             conn.executemany(
                 "INSERT INTO run_items (run_id, item_ref, occurrence_key, detail, scanned_at)"
-                " VALUES (?, ?, ?, ?, ?) ON CONFLICT (run_id, item_ref) DO NOTHING",
+                " VALUES (?, ?, ?, ?, ?)",
                 [(e.run_id, e.item_ref, e.occurrence_key, e.detail, _ts(now)) for e in entries],
             )
 
@@ -315,18 +342,8 @@ class SqliteStore:
         with self._tx() as conn:
             if conn.execute("SELECT 1 FROM runs WHERE run_id = ?", (run_id,)).fetchone() is None:
                 raise StoreError(f"run {run_id} does not exist; nothing to reconcile")
-            # An item whose report committed but whose run died before the ledger caught up
-            # takes the outcome the execution record holds for this very run and item.
-            recovered = conn.execute(
-                "UPDATE run_items SET disposition = (SELECT e.outcome FROM executions e"
-                "  WHERE e.key = run_items.occurrence_key AND e.state = 'DONE'"
-                "  AND e.run_id = run_items.run_id AND e.item_ref = run_items.item_ref),"
-                " detail = 'recovered from the execution record', decided_at = ?"
-                " WHERE run_id = ? AND disposition IS NULL AND EXISTS (SELECT 1 FROM"
-                "  executions e WHERE e.key = run_items.occurrence_key AND e.state = 'DONE'"
-                "  AND e.run_id = run_items.run_id AND e.item_ref = run_items.item_ref)",
-                (_ts(now), run_id),
-            ).rowcount
+            # Reports write the ledger in their own transaction, so an item without an
+            # outcome now never got one in this run.
             conn.execute(
                 "UPDATE run_items SET disposition = 'RECONCILIATION_FAILED', decided_at = ?,"
                 " detail = 'no outcome was recorded for this item in this run'"
@@ -356,7 +373,6 @@ class SqliteStore:
                 non_terminal=non_terminal,
                 claim_race=race,
                 reconciliation_failed=failed,
-                recovered=recovered,
                 by_disposition={k.value: v for k, v in sorted(by.items())},
                 clean=clean,
                 reconciled_at=now,
@@ -550,6 +566,7 @@ class SqliteStore:
             next_action=draft.next_action,
             messages=(draft.message,),
             package_version=draft.package_version,
+            created_by=draft.occurrence_key,
         )
         return task, task.model_dump_json()
 
@@ -563,6 +580,8 @@ class SqliteStore:
             self._insert_task(conn, task, record)
         else:
             task = self._load_task(conn, task_id)
+            # A takeover of the claim that created the task is still its first handling.
+            created = task.created_by == draft.occurrence_key
             known = {m.provider_message_id for m in task.messages}
             if draft.message.provider_message_id not in known:
                 task = task.model_copy(
@@ -652,12 +671,26 @@ class SqliteStore:
             ).fetchone()
             if row is None:
                 self._refuse_report(conn, request)
+            settled = request.disposition
             if row["task_id"] is not None:
                 before = self._load_task(conn, row["task_id"])
-                task = self._apply_report(before, request, now)
+                task, settled = apply_report(
+                    before,
+                    key=request.key,
+                    disposition=request.disposition,
+                    detail=request.detail,
+                    update=request.task_update,
+                    retrying=request.retry_at is not None,
+                    now=now,
+                )
                 self._save_task(conn, task, before.state)
+            if settled is not request.disposition:
+                row = conn.execute(
+                    "UPDATE executions SET outcome = ? WHERE key = ? RETURNING *",
+                    (settled.value, request.key),
+                ).fetchone()
             self._set_disposition(
-                conn, request.run_id, request.item_ref, request.disposition, request.detail, now
+                conn, request.run_id, request.item_ref, settled, request.detail, now
             )
         crashpoints.hit("after_report")
         return self._execution(row)
@@ -671,55 +704,10 @@ class SqliteStore:
             raise StoreError(
                 f"no execution record for {request.key}; claim the occurrence before reporting it"
             )
-        raise StoreError(
+        raise ClaimLost(
             f"{request.holder} no longer holds {request.key} (holder {existing['holder']}, state"
             f" {existing['state']}); the execution record governs, so this report is refused"
         )
-
-    @staticmethod
-    def _apply_report(task: Task, request: ReportRequest, now: datetime) -> Task:
-        changes: dict[str, Any] = {
-            "execution_key": request.key,
-            "execution_result": request.detail or None,
-            "execution_outcome": request.disposition.value,
-            "updated_at": now,
-        }
-        update = request.task_update
-        if request.retry_at is not None:
-            update = (update or TaskUpdate()).model_copy(
-                update={"state": TaskState.BLOCKED_RETRY_PENDING, "resume_on_inbound": False}
-            )
-        if update is not None:
-            target = after_inbound(task.state) if update.resume_on_inbound else update.state
-            if target is not None and target is not task.state:
-                check_transition(task.state, target)
-                changes["state"] = target
-            elif update.resume_on_inbound:
-                update = update.model_copy(update={"next_action": None})
-            if update.add_gates:
-                kinds = {g.kind for g in task.open_gates}
-                changes["open_gates"] = (
-                    *task.open_gates,
-                    *(g for g in update.add_gates if g.kind not in kinds),
-                )
-            if update.next_action is not None:
-                changes["next_action"] = update.next_action
-            if update.provisional_basis is not None:
-                changes["provisional_basis"] = {
-                    **task.provisional_basis,
-                    **update.provisional_basis,
-                }
-            if update.remaining_work is not None:
-                changes["remaining_work"] = update.remaining_work
-        task = task.model_copy(update=changes)
-        tier = (
-            ReadinessTier.DONE
-            if task.state in TERMINAL_STATES
-            else ReadinessTier.PENDING_GATES
-            if task.open_gates
-            else ReadinessTier.READY
-        )
-        return task.model_copy(update={"readiness_tier": tier})
 
     def list_executions(self, state: ExecutionState | None = None) -> list[ExecutionRecord]:
         if state is None:
@@ -768,15 +756,14 @@ class SqliteStore:
         with self._tx() as conn:
             before = self._load_task(conn, task_id)
             check_transition(before.state, target)
-            task = before.model_copy(
-                update={
-                    "state": target,
-                    "updated_at": now,
-                    "readiness_tier": ReadinessTier.DONE
-                    if target in TERMINAL_STATES
-                    else before.readiness_tier,
-                }
-            )
+            if target in TERMINAL_STATES and before.open_gates:
+                raise TransitionError(
+                    f"task {task_id} still has open gates ("
+                    + ", ".join(f"{g.kind} owned by {g.owner}" for g in before.open_gates)
+                    + "); a task with an unsatisfied gate cannot be closed"
+                )
+            task = before.model_copy(update={"state": target, "updated_at": now})
+            task = task.model_copy(update={"readiness_tier": readiness(task)})
             self._save_task(conn, task, before.state)
             conn.execute(
                 "INSERT INTO task_events (task_id, at, state, evidence) VALUES (?, ?, ?, ?)",

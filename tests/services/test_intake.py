@@ -119,9 +119,9 @@ async def test_a_shared_mailbox_item_of_another_workspace_is_not_read_by_this_ru
     box.deliver(to(1, "a@fabrikam.test"))
     box.deliver(to(2, "b@fabrikam.test"))
     result_a = await cycle(station_store, data_dir, a, clock, box)
-    assert [i.item_ref for i in result_a.items] == ["pm-1"]
+    assert [i.item_ref for i in result_a.items] == [f"memory:{SHARED}/pm-1"]
     result_b = await cycle(station_store, data_dir, b, clock, box)
-    assert [i.item_ref for i in result_b.items] == ["pm-2"]
+    assert [i.item_ref for i in result_b.items] == [f"memory:{SHARED}/pm-2"]
     assert len(station_store.list_tasks(a)) == len(station_store.list_tasks(b)) == 1
 
 
@@ -229,7 +229,7 @@ async def test_items_are_handled_oldest_first_whatever_order_the_provider_lists_
     for n in (5, 1, 3):
         box.deliver(make_envelope(mailbox_id=MAILBOX, message_no=n, thread_no=n))
     result = await cycle(station_store, data_dir, ws, clock, box)
-    assert [i.item_ref for i in result.items] == ["pm-1", "pm-3", "pm-5"]
+    assert [i.item_ref for i in result.items] == [f"memory:{MAILBOX}/pm-{n}" for n in (1, 3, 5)]
     assert [t.provider_thread_id for t in station_store.list_queue(ws)] == [
         "thread-1",
         "thread-3",

@@ -236,7 +236,7 @@ async def test_scenario_14_every_scanned_item_is_reconciled_to_exactly_one_outco
     result = await cycle(station_store, data_dir, ws, clock, box)
     ledger = station_store.ledger(result.run_id)
     assert len(ledger) == 6 and all(e.disposition is not None for e in ledger)
-    by_item = {e.item_ref: e.disposition for e in ledger}
+    by_item = {e.item_ref.removeprefix(f"memory:{MAILBOX}/"): e.disposition for e in ledger}
     assert by_item == {
         "pm-1": Disposition.QUEUED,
         "pm-2": Disposition.QUEUED,
