@@ -23,6 +23,7 @@ import pytest
 
 from agent import crashpoints
 from agent.domain.execution import ExecutionState
+from agent.domain.states import TaskState
 from agent.services import workspaces
 from agent.services.holder import holder_alive
 from agent.storage.sqlite import SqliteStore
@@ -114,7 +115,8 @@ def assert_recovered(world: World) -> dict[str, int]:
         assert all(not holder_alive(e.holder) for e in unfinished)
     finally:
         store.close()
-    assert _wait([world.worker()]) == [0]  # the clean run takes over and finishes
+    # Three clean workers race to take over the dead holders' claims and finish the work.
+    assert _wait([world.worker() for _ in range(3)]) == [0, 0, 0]
     store = world.store()
     try:
         # The clean run reconciled every earlier run its dead workers left open.
@@ -128,12 +130,18 @@ def assert_recovered(world: World) -> dict[str, int]:
             assert rec.scanned == (
                 rec.terminal + rec.non_terminal + rec.claim_race + rec.reconciliation_failed
             )
-        last = store.run_summary(store.list_runs()[-1])
-        assert last is not None and last.clean, last
+        for run_id in store.list_runs()[-3:]:
+            last = store.run_summary(run_id)
+            assert last is not None and last.clean, last
         counts = store.counts()
         assert counts["executions"] == counts["executions_done"] == world.messages
         assert counts["tasks"] == len(world.threads)  # one task per verified thread
         assert counts["task_messages"] == world.messages
+        # Every task was triaged by the claim that created it, even when that claim was
+        # taken over from a dead worker: none is left half-made.
+        for task in store.list_tasks(WS):
+            assert task.state is TaskState.TASK_RESOLVED, (task.title, task.state)
+            assert task.execution_outcome == "QUEUED" and task.created_by
         assert store.integrity_check() == "ok"
         return counts
     finally:

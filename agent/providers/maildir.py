@@ -140,6 +140,14 @@ class MaildirProvider:
             except rfc822.UnparseableMessage as exc:
                 results.append(ScannedMessage(item_ref=ref, error=str(exc)))
                 continue
+            except Exception as exc:
+                results.append(
+                    ScannedMessage(
+                        item_ref=ref,
+                        error=f"could not be normalized ({type(exc).__name__}: {exc})",
+                    )
+                )
+                continue
             results.append(ScannedMessage(item_ref=ref, envelope=envelope))
         return results
 
@@ -231,8 +239,11 @@ class _Threads:
 
     def __init__(self) -> None:
         self._parent: dict[str, str] = {}
+        self._carriers: dict[str, int] = {}
 
     def add(self, mid: str | None, in_reply_to: str | None, refs: tuple[str, ...]) -> None:
+        if mid is not None:
+            self._carriers[mid] = self._carriers.get(mid, 0) + 1
         parent = _parent_of(in_reply_to, refs)
         if mid is None or parent is None or parent == mid:
             return
@@ -253,8 +264,15 @@ class _Threads:
     def thread_of(
         self, mid: str | None, in_reply_to: str | None, refs: tuple[str, ...], fallback: str
     ) -> str:
-        start = _parent_of(in_reply_to, refs) or mid
-        return thread_id(self._root(start) if start else fallback)
+        parent = _parent_of(in_reply_to, refs)
+        if parent is None:
+            # A message that names no parent starts its own thread. If several files carry
+            # its Message-ID, the file itself names the thread: a reused id never merges two
+            # senders' requests (a copy delivered twice is one occurrence all the same).
+            if mid is None or self._carriers.get(mid, 0) > 1:
+                return thread_id(f"{mid}#{fallback}" if mid else fallback)
+            return thread_id(mid)
+        return thread_id(self._root(parent))
 
 
 def _parent_of(in_reply_to: str | None, refs: tuple[str, ...]) -> str | None:

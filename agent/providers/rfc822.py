@@ -157,11 +157,11 @@ def _date(value: str | None) -> datetime | None:
         return None
     try:
         moment = email.utils.parsedate_to_datetime(value)
-    except (TypeError, ValueError, IndexError):
-        return None
-    if moment.tzinfo is None:
-        moment = moment.replace(tzinfo=UTC)
-    return moment.astimezone(UTC)
+        if moment.tzinfo is None:
+            moment = moment.replace(tzinfo=UTC)
+        return moment.astimezone(UTC)
+    except (TypeError, ValueError, IndexError, OverflowError):
+        return None  # unreadable, or a valid date at the edge of the calendar
 
 
 def received_time(parsed: Parsed) -> datetime | None:
@@ -175,11 +175,16 @@ def received_time(parsed: Parsed) -> datetime | None:
 
 
 def _body_bytes(raw: bytes) -> bytes:
+    """The body, with line endings and trailing whitespace normalized: the same message
+    stored with CRLF by one system and LF by another is one message."""
+    body = b""
     for sep in (b"\r\n\r\n", b"\n\n"):
         index = raw.find(sep)
         if index >= 0:
-            return raw[index + len(sep) :]
-    return b""
+            body = raw[index + len(sep) :]
+            break
+    lines = body.replace(b"\r\n", b"\n").split(b"\n")
+    return b"\n".join(line.rstrip() for line in lines).rstrip()
 
 
 def normalize(

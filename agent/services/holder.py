@@ -1,8 +1,9 @@
 """Claim holder identity and liveness.
 
-A holder is ``host/pid/start-ticks/nonce``. On the same host a holder is dead as soon as its
-process is gone (or its pid was reused by another process); on other hosts only the lease on
-the execution record can tell, so it expires.
+A holder is ``host/pid-namespace/pid/start-ticks/nonce``. On the same host and in the same
+PID namespace a holder is dead as soon as its process is gone (or its pid now belongs to
+another process, or it is a zombie); anywhere else liveness cannot be seen, so the lease on
+the execution record decides.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ def _start_ticks(pid: int) -> str | None:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
         return None
-    # Field 22 (starttime) counted after the parenthesised command name.
+    # Fields after the parenthesised command name: state is the first, starttime the 20th.
     fields = stat.rsplit(")", 1)[-1].split()
     if not fields or fields[0] in {"Z", "X"}:  # a zombie or dead process holds nothing
         return None
@@ -27,23 +28,34 @@ def _start_ticks(pid: int) -> str | None:
 
 
 @cache
+def _pid_namespace() -> str:
+    try:
+        return str(os.stat("/proc/self/ns/pid").st_ino)
+    except OSError:
+        return "0"
+
+
+@cache
 def current_holder() -> str:
     pid = os.getpid()
-    return f"{socket.gethostname()}/{pid}/{_start_ticks(pid) or '0'}/{uuid.uuid4().hex[:8]}"
+    return (
+        f"{socket.gethostname()}/{_pid_namespace()}/{pid}/{_start_ticks(pid) or '0'}/"
+        f"{uuid.uuid4().hex[:8]}"
+    )
 
 
 def holder_alive(holder: str) -> bool:
-    """False only when the holder is provably dead; unknown holders count as alive."""
+    """False only when the holder is provably dead; a holder we cannot see counts as alive."""
     parts = holder.split("/")
-    if len(parts) != 4 or parts[0] != socket.gethostname():
-        return True
-    try:
-        pid = int(parts[1])
-    except ValueError:
+    if len(parts) != 5 or parts[0] != socket.gethostname() or parts[1] != _pid_namespace():
         return True
     if holder == current_holder():
+        return True
+    try:
+        pid = int(parts[2])
+    except ValueError:
         return True
     ticks = _start_ticks(pid)
     if ticks is None:
         return not Path("/proc").is_dir()  # no /proc: cannot tell, rely on the lease
-    return ticks == parts[2]
+    return ticks == parts[3]

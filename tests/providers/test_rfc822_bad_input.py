@@ -466,3 +466,25 @@ def test_header_like_text_normalizes_or_is_refused_as_unparseable(raw: bytes) ->
 @given(st.lists(HEADER_LINES, min_size=1, max_size=6), st.binary(max_size=80))
 def test_headers_with_a_binary_body_normalize_or_are_refused(lines: list[str], body: bytes) -> None:
     normalize_or_refuse(message(*lines, body=body))
+
+
+@pytest.mark.parametrize(
+    "header",
+    ["Date: Fri, 31 Dec 9999 23:59:59 -0100",
+     "Received: from a by b; Fri, 31 Dec 9999 23:59:59 -0100"],
+)  # fmt: skip
+def test_a_valid_date_at_the_edge_of_the_calendar_falls_back_instead_of_crashing(
+    header: str,
+) -> None:
+    envelope = normalize(f"From: a@b.test\n{header}\nMessage-ID: <edge@x>\n\nbody\n".encode())
+    assert envelope.received_at == FALLBACK
+
+
+def test_the_same_message_stored_with_crlf_and_with_lf_is_one_occurrence() -> None:
+    lf = b"From: a@b.test\nMessage-ID: <same@x>\nDate: Mon, 30 Nov 2026 09:00:00 +0000\nSubject: s\n\nline one\nline two\n"
+    crlf = lf.replace(b"\n", b"\r\n")
+    first, second = normalize(lf, "pm-1"), normalize(crlf, "pm-2")
+    assert first.content_digest == second.content_digest
+    assert occurrence_key("ws", first) == occurrence_key("ws", second)
+    changed = normalize(lf.replace(b"line two", b"line 2"), "pm-3")
+    assert changed.content_digest != first.content_digest

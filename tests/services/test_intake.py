@@ -15,6 +15,7 @@ from agent.domain.errors import RegistryError
 from agent.domain.states import TaskState
 from agent.providers.maildir import MaildirProvider
 from agent.services import intake, workspaces
+from agent.services.holder import _pid_namespace
 from agent.storage.sqlite import SqliteStore
 from agent.testing import FrozenClock, InMemoryProvider, make_envelope
 from tests.conftest import context_yaml
@@ -282,7 +283,9 @@ async def test_a_new_run_reconciles_the_open_runs_of_dead_workers(
     register: Callable[[str], str],
 ) -> None:
     ws = register(context_yaml())
-    station_store.start_run("run-dead", ws, f"{socket.gethostname()}/999999999/1/dead", clock.now())
+    station_store.start_run(
+        "run-dead", ws, f"{socket.gethostname()}/{_pid_namespace()}/999999999/1/dead", clock.now()
+    )
     station_store.start_run("run-elsewhere", ws, "another-host.test/1/1/x", clock.now())
     result = await cycle(station_store, data_dir, ws, clock, InMemoryProvider(MAILBOX))
     assert [r.run_id for r in result.reconciled_stale] == ["run-dead"]

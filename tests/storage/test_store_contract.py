@@ -9,7 +9,7 @@ import pytest
 from agent.domain.context import parse_context
 from agent.domain.dispositions import Disposition, GateKind
 from agent.domain.envelope import Envelope, occurrence_key, work_key
-from agent.domain.errors import CloseRefused, RegistryError, StoreError
+from agent.domain.errors import CloseRefused, RegistryError, StoreError, TransitionError
 from agent.domain.execution import ClaimOutcome, ExecutionState
 from agent.domain.records import (
     Binding,
@@ -497,3 +497,59 @@ def test_unreconciled_runs_lists_open_runs_of_the_scope_with_their_holder(
     h.store.reconcile(done_run, clock.now())
     h.store.start_run("run-other-scope", "ws-other", DEAD, clock.now())
     assert h.store.unreconciled_runs(WS) == [(open_run, ALIVE)]
+
+
+# -- reports keep the lifecycle's rules whatever order they arrive in ----------------------
+
+
+def test_a_noise_verdict_never_closes_a_thread_that_gained_a_real_message(
+    h: Harness, clock: FrozenClock
+) -> None:
+    noise, reply = env(1, 1, auto_submitted="auto-replied"), env(2, 1)
+    run_id = h.run(noise, reply)
+    created = h.claim(run_id, noise)
+    h.claim(run_id, reply)
+    h.report(run_id, reply, update=TaskUpdate(resume_on_inbound=True))
+    h.report(
+        run_id, noise, Disposition.NOISE_EXCLUDED,
+        update=TaskUpdate(state=TaskState.COMPLETED, sole_message=noise.provider_message_id),
+    )  # fmt: skip
+    assert created.task is not None
+    task = h.store.get_task(created.task.task_id)
+    assert task is not None and task.state is TaskState.DISCOVERED
+    assert [t.task_id for t in h.store.list_queue(WS)] == [task.task_id]
+
+
+def test_a_terminal_report_with_an_open_gate_is_rewritten_and_never_closes_the_task(
+    h: Harness, clock: FrozenClock
+) -> None:
+    e = env(1, 1)
+    run_id = h.run(e)
+    claimed = h.claim(run_id, e)
+    gate = Gate(
+        kind=GateKind.INTERNAL_APPROVAL,
+        owner="noa.bar@fabrikam.test",
+        since=clock.now(),
+        reason="draft awaits approval",
+    )
+    record = h.report(
+        run_id, e, Disposition.CLOSED_NO_REPLY_NEEDED,
+        update=TaskUpdate(state=TaskState.COMPLETED, add_gates=(gate,)),
+    )  # fmt: skip
+    assert record.outcome is Disposition.WAITING_INTERNAL_APPROVAL
+    assert h.store.ledger(run_id)[0].disposition is Disposition.WAITING_INTERNAL_APPROVAL
+    assert claimed.task is not None
+    task = h.store.get_task(claimed.task.task_id)
+    assert task is not None and task.state is not TaskState.COMPLETED
+    assert task.execution_outcome == "WAITING_INTERNAL_APPROVAL"
+    with pytest.raises(TransitionError, match="open gates"):
+        h.store.transition_task(task.task_id, TaskState.TASK_RESOLVED, "x", clock.now())
+        h.store.transition_task(task.task_id, TaskState.COMPLETED, "close", clock.now())
+
+
+def test_a_database_from_a_newer_outloop_is_refused(store: SqliteStore) -> None:
+    newer = store.schema_version() + 1
+    with store._tx() as conn:  # pyright: ignore[reportPrivateUsage]
+        conn.execute("INSERT INTO schema_version (version) VALUES (?)", (newer,))
+    with pytest.raises(StoreError, match=f"schema version {newer}, newer than this Outloop"):
+        SqliteStore(store.path)
