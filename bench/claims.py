@@ -324,6 +324,9 @@ def run(
         "rate_per_s": round(rate, 1),
         "baseline_per_s": round(baseline_rate, 1),
         "ratio": round(rate / baseline_rate, 3),
+        # Won claims alone (each a write transaction with its task), against the same baseline.
+        "won_per_s": round(claimed / wall, 1),
+        "won_ratio": round(claimed / wall / baseline_rate, 3),
         "p50_ms": round(_percentile(latencies, 0.50), 3),
         "p99_ms": round(_percentile(latencies, 0.99), 3),
         "mean_ms": round(statistics.fmean(latencies), 3) if latencies else 0.0,

@@ -10,11 +10,16 @@ from typing import Any
 
 import pytest
 
+from agent.ports import Store
 from agent.services import workspaces
 from agent.storage.sqlite import SqliteStore
 from agent.testing import FrozenClock
 
-BACKENDS = ["sqlite"]
+# Every Store backend: a name and how to open a store at a location. The Store contract
+# suite runs on each one.
+BACKENDS: dict[str, Callable[[Path], Store]] = {
+    "sqlite": lambda where: SqliteStore(where / "store.db"),
+}
 
 # Figures the slow guarantees report at the end of the run (kills per crash point, ...).
 REPORTED: dict[str, Any] = {}
@@ -80,14 +85,25 @@ def clock() -> FrozenClock:
     return FrozenClock()
 
 
-@pytest.fixture(params=BACKENDS)
-def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[SqliteStore]:
+@pytest.fixture(params=sorted(BACKENDS))
+def open_store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Callable[[], Store]]:
+    """Opens (and later closes) a store of each backend, always at the same location."""
+    opener = BACKENDS[str(request.param)]
+    opened: list[Store] = []
+
+    def _open() -> Store:
+        opened.append(opener(tmp_path))
+        return opened[-1]
+
+    yield _open
+    for s in opened:
+        s.close()
+
+
+@pytest.fixture
+def store(open_store: Callable[[], Store]) -> Store:
     """A fresh store of each backend (the Store contract suite runs on every one)."""
-    backend = str(request.param)
-    assert backend == "sqlite"
-    s = SqliteStore(tmp_path / "store.db")
-    yield s
-    s.close()
+    return open_store()
 
 
 @pytest.fixture

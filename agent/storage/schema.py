@@ -48,7 +48,7 @@ MIGRATIONS: tuple[tuple[int, tuple[str, ...]], ...] = (
                 terminal INTEGER NOT NULL,
                 received_at REAL NOT NULL,
                 record TEXT NOT NULL
-            ) WITHOUT ROWID""",
+            )""",
             "CREATE INDEX tasks_queue ON tasks (workspace_id, terminal, received_at)",
             """CREATE TABLE task_threads (
                 work_key TEXT PRIMARY KEY,
