@@ -30,7 +30,7 @@ def _start_ticks(pid: int) -> str | None:
 @cache
 def _pid_namespace() -> str:
     try:
-        return str(os.stat("/proc/self/ns/pid").st_ino)
+        return str(Path("/proc/self/ns/pid").stat().st_ino)
     except OSError:
         return "0"
 
