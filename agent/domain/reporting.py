@@ -1,10 +1,19 @@
 """What a report does to its task: one pure function, shared by every store backend.
 
-The rules: a terminal outcome with an open gate is rewritten to the gate's waiting state and
-never closes the task; a retry blocks the task on the execution record that will retry it,
-and that record's next report unblocks it; a verdict about one message closes a thread only
-while the thread holds no other message; a follow-up resumes the task from the state it is
-in when the report is written.
+A report's target state was chosen from a snapshot of the task taken at claim time; by the
+time the report is written the task may have moved on (another worker's follow-up, an
+agent's transition). So a report never fails on its target: a target the transition table
+does not allow from the task's current state is dropped, and the task keeps its state.
+
+The rules:
+- a terminal outcome with an open gate is rewritten to the gate's waiting disposition; the
+  task takes the waiting state when the report asked for a state change and the table allows
+  it, and a report never closes a task with an open gate;
+- a retry blocks the task on the execution record that will retry it (several retries may
+  block one task); the last of them to report unblocks it;
+- a verdict about one message (automated noise) closes the thread only while that message is
+  its only one; otherwise the thread has real mail and is treated as a follow-up;
+- a follow-up resumes the task from the state it is in when the report is written.
 """
 
 from __future__ import annotations
@@ -27,9 +36,13 @@ from agent.domain.task import ReadinessTier, Task
 def readiness(task: Task) -> ReadinessTier:
     if task.state in TERMINAL_STATES:
         return ReadinessTier.DONE
-    if task.state is TaskState.BLOCKED_RETRY_PENDING:
+    if task.state is TaskState.BLOCKED_RETRY_PENDING or task.blocked_by:
         return ReadinessTier.BLOCKED
     return ReadinessTier.PENDING_GATES if task.open_gates else ReadinessTier.READY
+
+
+def _allowed(state: TaskState, target: TaskState | None) -> TaskState | None:
+    return target if target is not None and target in TRANSITIONS[state] else None
 
 
 def apply_report(
@@ -47,30 +60,46 @@ def apply_report(
     kinds = {g.kind for g in task.open_gates}
     gates = (*task.open_gates, *(g for g in update.add_gates if g.kind not in kinds))
     settled = settle(disposition, frozenset(g.kind for g in gates))
+    next_action = update.next_action
 
-    state = task.state
-    blocked_by = task.blocked_by
-    if state is TaskState.BLOCKED_RETRY_PENDING and blocked_by == key and not retrying:
-        check_transition(state, TaskState.TASK_RESOLVED)  # the retry this task waited for ran
-        state, blocked_by = TaskState.TASK_RESOLVED, None
-
-    target: TaskState | None
-    if retrying:
-        target, blocked_by = TaskState.BLOCKED_RETRY_PENDING, key
-    elif settled is not disposition:
-        waiting = TASK_STATE_FOR[settled]
-        target = waiting if waiting is not None and waiting in TRANSITIONS[state] else None
-    elif update.resume_on_inbound:
-        target = after_inbound(state)
-    else:
-        target = update.state
+    wanted: TaskState | None
+    resume = update.resume_on_inbound
     if update.sole_message is not None and any(
         m.provider_message_id != update.sole_message for m in task.messages
     ):
-        target = None
-    if target in TERMINAL_STATES and gates:
-        target = None  # an open gate never lets a report close the task
+        # The thread holds real mail besides this message: not closable by this verdict.
+        wanted, resume, next_action = None, True, None
+    elif settled is not disposition and update.state is not None:
+        wanted = TASK_STATE_FOR[settled]
+    else:
+        wanted = update.state
+    if wanted in TERMINAL_STATES and gates:
+        wanted = None  # an open gate never lets a report close the task
 
+    state = task.state
+    blocked_by = tuple(task.blocked_by)
+    if retrying:
+        blocked_by = (*(k for k in blocked_by if k != key), key)
+        target = _allowed(state, TaskState.BLOCKED_RETRY_PENDING)
+    else:
+        if key in blocked_by:
+            blocked_by = tuple(k for k in blocked_by if k != key)
+            # The last retry this task waited for has run: go straight to the wanted state
+            # when the table allows it, else back to TASK_RESOLVED first.
+            last = state is TaskState.BLOCKED_RETRY_PENDING and not blocked_by
+            if last and _allowed(state, wanted) is None:
+                state = TaskState.TASK_RESOLVED
+        target = after_inbound(state) if resume else wanted
+        if state is TaskState.DISCOVERED and resume and target is state:
+            target = TaskState.TASK_RESOLVED  # real mail in a thread nobody triaged yet
+        if state is TaskState.BLOCKED_RETRY_PENDING and blocked_by:
+            target = None  # still waiting for another retry
+        target = _allowed(state, target)
+
+    if target is not None and target is not state:
+        check_transition(state, target)
+        state = target
+    resumed = state is not task.state
     changes: dict[str, Any] = {
         "execution_key": key,
         "execution_result": detail or None,
@@ -78,15 +107,10 @@ def apply_report(
         "updated_at": now,
         "open_gates": gates,
         "blocked_by": blocked_by,
+        "state": state,
     }
-    resumed = target is not None and target is not state
-    if resumed:
-        assert target is not None
-        check_transition(state, target)
-        state = target
-    changes["state"] = state
-    if update.next_action is not None and (resumed or not update.resume_on_inbound):
-        changes["next_action"] = update.next_action
+    if next_action is not None and (resumed or not update.resume_on_inbound):
+        changes["next_action"] = next_action
     if update.provisional_basis is not None:
         changes["provisional_basis"] = {**task.provisional_basis, **update.provisional_basis}
     if update.remaining_work is not None:

@@ -178,8 +178,8 @@ class Task(BaseModel):
     created_by: str = ""
     """The occurrence key whose claim created the task (a takeover of that claim is still
     the task's first handling, not a follow-up)."""
-    blocked_by: str | None = None
-    """The execution key whose retry blocks the task (BLOCKED_RETRY_PENDING); the retry
-    state itself lives on that execution record."""
+    blocked_by: tuple[str, ...] = ()
+    """The execution keys whose retries block the task; the retry state itself lives on
+    those execution records."""
     package_version: str = ""
     drift_status: str = "in_sync"

@@ -20,6 +20,7 @@ from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from email.message import EmailMessage
 from pathlib import Path
+from typing import NamedTuple
 
 import anyio.to_thread
 
@@ -102,22 +103,19 @@ class MaildirProvider:
                 continue  # moved away by someone else between listing and reading
         return items
 
-    def _sent_ids(self) -> list[tuple[str | None, str | None, tuple[str, ...]]]:
+    def _sent_facts(self) -> list[_Facts]:
         sent = self._sent(create=False)
         if sent is None:
             return []
-        out: list[tuple[str | None, str | None, tuple[str, ...]]] = []
-        for key in sent.iterkeys():
-            out.append(_ids_of(sent.get_bytes(key)))
-        return out
+        return [_facts_of(sent.get_bytes(key)) for key in sent.iterkeys()]
 
     def _threads(self, raw_items: list[tuple[str, bytes]] | None = None) -> _Threads:
         """This mailbox's threading, from every message it holds (inbox and sent copies)."""
         threads = _Threads()
-        for ids in self._sent_ids():
-            threads.add(*ids)
+        for facts in self._sent_facts():
+            threads.add(facts)
         for _, raw in self._read_all() if raw_items is None else raw_items:
-            threads.add(*_ids_of(raw))
+            threads.add(_facts_of(raw))
         return threads
 
     def _scan_sync(self) -> list[ScannedMessage]:
@@ -132,8 +130,9 @@ class MaildirProvider:
                     provider=PROVIDER,
                     mailbox_id=self._mailbox_id,
                     provider_message_id=ref,
-                    thread_id_for=lambda mid, irt, refs, key=key: threads.thread_of(
-                        mid, irt, refs, fallback=f"maildir:{key}"
+                    thread_id_for=lambda mid, irt, refs, raw=raw, key=key: threads.thread_of(
+                        _Facts(mid, irt, refs, rfc822.body_fingerprint(raw)),
+                        fallback=f"maildir:{key}",
                     ),
                     fallback_received_at=_key_time(key),
                 )
@@ -191,18 +190,16 @@ class MaildirProvider:
                 return None
             for key in sent.iterkeys():
                 raw = sent.get_bytes(key)
-                mid, irt, refs = _ids_of(raw)
-                if mid != internet_message_id:
+                facts = _facts_of(raw)
+                if facts.mid != internet_message_id:
                     continue
                 parsed = rfc822.parse(raw)
                 content = rfc822.body(raw)
                 from_ = _first(parsed, "From")
                 return StoredCopy(
                     provider_message_id=f"maildir:{SENT_FOLDER}/{key}",
-                    provider_thread_id=self._threads().thread_of(
-                        mid, irt, refs, fallback=mid or key
-                    ),
-                    internet_message_id=mid,
+                    provider_thread_id=self._threads().thread_of(facts, fallback=key),
+                    internet_message_id=facts.mid,
                     sender=from_,
                     to=_all(parsed, "To"),
                     cc=_all(parsed, "Cc"),
@@ -229,65 +226,80 @@ class MaildirProvider:
         )
 
 
+class _Facts(NamedTuple):
+    mid: str | None
+    in_reply_to: str | None
+    refs: tuple[str, ...]
+    fingerprint: str
+
+
 class _Threads:
     """Maildir threading: each message id points at its parent; a thread is named by its root.
 
-    A message's parent is the first id its References name (the conversation's start), else its
-    In-Reply-To. The root is where the chain of parents ends, so the result depends only on
-    which messages are present, never on the order in which they were added.
+    A message's parent is the first id its References name (the conversation's start), else
+    its In-Reply-To. The root is where the chain of parents ends, so the result depends only
+    on which messages are present, never on the order in which they were added.
+
+    A Message-ID carried by messages that differ (another body, another parent) is
+    ambiguous: it is nobody's parent, and each differing message that starts a thread with
+    it starts its own. Copies of one message (delivered twice) are not ambiguous.
     """
 
     def __init__(self) -> None:
-        self._parent: dict[str, str] = {}
-        self._carriers: dict[str, int] = {}
+        self._versions: dict[str, set[tuple[str | None, str]]] = {}
 
-    def add(self, mid: str | None, in_reply_to: str | None, refs: tuple[str, ...]) -> None:
-        if mid is not None:
-            self._carriers[mid] = self._carriers.get(mid, 0) + 1
-        parent = _parent_of(in_reply_to, refs)
-        if mid is None or parent is None or parent == mid:
-            return
-        known = self._parent.get(mid)
-        if known is None or parent < known:  # two copies that disagree: pick one, stably
-            self._parent[mid] = parent
+    def add(self, facts: _Facts) -> None:
+        if facts.mid is not None:
+            parent = _parent_of(facts.in_reply_to, facts.refs)
+            self._versions.setdefault(facts.mid, set()).add((parent, facts.fingerprint))
+
+    def _ambiguous(self, mid: str) -> bool:
+        versions = self._versions.get(mid, set())
+        return len({p for p, _ in versions}) > 1 or len({f for _, f in versions}) > 1
+
+    def _parent(self, mid: str) -> str | None:
+        versions = self._versions.get(mid)
+        if not versions or self._ambiguous(mid):
+            return None
+        parent = next(iter(versions))[0]
+        return None if parent == mid else parent
 
     def _root(self, start: str) -> str:
         path = [start]
         seen = {start}
-        while (parent := self._parent.get(path[-1])) is not None:
+        while (parent := self._parent(path[-1])) is not None:
             if parent in seen:  # a reference cycle: name it by its smallest member
                 return min(path[path.index(parent) :])
             path.append(parent)
             seen.add(parent)
         return path[-1]
 
-    def thread_of(
-        self, mid: str | None, in_reply_to: str | None, refs: tuple[str, ...], fallback: str
-    ) -> str:
-        parent = _parent_of(in_reply_to, refs)
-        if parent is None:
-            # A message that names no parent starts its own thread. If several files carry
-            # its Message-ID, the file itself names the thread: a reused id never merges two
-            # senders' requests (a copy delivered twice is one occurrence all the same).
-            if mid is None or self._carriers.get(mid, 0) > 1:
-                return thread_id(f"{mid}#{fallback}" if mid else fallback)
-            return thread_id(mid)
-        return thread_id(self._root(parent))
+    def thread_of(self, facts: _Facts, fallback: str) -> str:
+        parent = _parent_of(facts.in_reply_to, facts.refs)
+        if parent is not None:
+            return thread_id(self._root(parent))
+        if facts.mid is None:
+            return thread_id(fallback)
+        if self._ambiguous(facts.mid):
+            return thread_id(f"{facts.mid}#{facts.fingerprint}")
+        return thread_id(facts.mid)
 
 
 def _parent_of(in_reply_to: str | None, refs: tuple[str, ...]) -> str | None:
     return refs[0] if refs else in_reply_to
 
 
-def _ids_of(raw: bytes) -> tuple[str | None, str | None, tuple[str, ...]]:
+def _facts_of(raw: bytes) -> _Facts:
     try:
         parsed = rfc822.parse(raw)
-    except rfc822.UnparseableMessage:
-        return (None, None, ())
+    except Exception:
+        return _Facts(None, None, (), "")
     mids = rfc822.message_ids(parsed.header("Message-ID"))
     irt = rfc822.message_ids(parsed.header("In-Reply-To"))
     refs = rfc822.message_ids(" ".join(parsed.all_headers("References")))
-    return (mids[0] if mids else None, irt[0] if irt else None, refs)
+    return _Facts(
+        mids[0] if mids else None, irt[0] if irt else None, refs, rfc822.body_fingerprint(raw)
+    )
 
 
 def _first(parsed: rfc822.Parsed, name: str) -> Address | None:

@@ -187,6 +187,11 @@ def _body_bytes(raw: bytes) -> bytes:
     return b"\n".join(line.rstrip() for line in lines).rstrip()
 
 
+def body_fingerprint(raw: bytes) -> str:
+    """A digest of the message body, the same for copies that differ only in line endings."""
+    return content_digest(_body_bytes(raw))
+
+
 def normalize(
     raw: bytes,
     *,

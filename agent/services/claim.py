@@ -55,6 +55,7 @@ def claim_occurrence(
     """Claim; the outcome is CLAIMED, EXECUTION_ALREADY_CLAIMED or EXECUTION_ALREADY_DONE.
 
     A claim held by a provably dead holder (or whose lease expired, or whose retry is due) is
-    taken over exactly once. Losing writes the claim-race disposition and creates nothing.
+    taken over exactly once. A lost claim writes nothing at all; the caller records its
+    claim-race disposition in the run ledger.
     """
     return store.claim(request, draft, now, holder_alive)

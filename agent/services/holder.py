@@ -29,10 +29,14 @@ def _start_ticks(pid: int) -> str | None:
 
 @cache
 def _pid_namespace() -> str:
+    """This process's PID namespace, or "unseen" when /proc shows another namespace's
+    numbering (then no holder here can be proven dead, and only leases decide)."""
     try:
+        if Path("/proc/self").readlink().name != str(os.getpid()):
+            return "unseen"
         return str(Path("/proc/self/ns/pid").stat().st_ino)
     except OSError:
-        return "0"
+        return "unseen"
 
 
 @cache
@@ -47,7 +51,13 @@ def current_holder() -> str:
 def holder_alive(holder: str) -> bool:
     """False only when the holder is provably dead; a holder we cannot see counts as alive."""
     parts = holder.split("/")
-    if len(parts) != 5 or parts[0] != socket.gethostname() or parts[1] != _pid_namespace():
+    namespace = _pid_namespace()
+    if (
+        len(parts) != 5
+        or parts[0] != socket.gethostname()
+        or parts[1] != namespace
+        or namespace == "unseen"
+    ):
         return True
     if holder == current_holder():
         return True

@@ -27,7 +27,7 @@ from agent.domain.envelope import (
     compose_key,
     occurrence_key,
 )
-from agent.domain.errors import ClaimLost, ProviderError
+from agent.domain.errors import ClaimLost, OutloopError, ProviderError, StoreError
 from agent.domain.execution import ClaimOutcome
 from agent.domain.mail import ScannedMessage
 from agent.domain.records import (
@@ -72,6 +72,8 @@ class RunResult:
     reconciliation: Reconciliation | None = None
     access_errors: list[str] = field(default_factory=list[str])
     reconciled_stale: list[Reconciliation] = field(default_factory=list[Reconciliation])
+    item_errors: list[str] = field(default_factory=list[str])
+    """Items whose handling failed this run (each also has a health record)."""
     """Earlier runs of dead workers that this run reconciled."""
     """Mailboxes that could not be read this run (each also has a health record)."""
 
@@ -199,6 +201,18 @@ async def run_cycle(
                 False,
                 str(exc),
             )
+        except StoreError:
+            store.record_dispositions(run_id, race, clock.now())  # keep what was decided
+            raise
+        except OutloopError as exc:
+            # One item's failure never stops the others: it stays without an outcome (the
+            # reconciliation says so), its claim is taken over by a later run, and the
+            # station health record names it.
+            store.record_health(
+                f"intake item {plan.ref}", f"{type(exc).__name__}: {exc}", clock.now()
+            )
+            result.item_errors.append(f"{plan.ref}: {exc}")
+            continue
         result.items.append(outcome)
         if outcome.claim is not None and outcome.claim is not ClaimOutcome.CLAIMED:
             race.append((outcome.item_ref, outcome.disposition, outcome.detail))

@@ -535,13 +535,14 @@ class SqliteStore:
         if not draft.link_message_ids:
             return None, False
         marks = ",".join("?" for _ in draft.link_message_ids)
-        row = conn.execute(
-            "SELECT task_id FROM task_messages WHERE workspace_id = ? AND provider = ? AND"
-            f" mailbox_id = ? AND internet_message_id IN ({marks})"
-            " ORDER BY received_at LIMIT 1",
+        rows = conn.execute(
+            "SELECT DISTINCT task_id FROM task_messages WHERE workspace_id = ? AND provider = ?"
+            f" AND mailbox_id = ? AND internet_message_id IN ({marks}) LIMIT 2",
             (draft.workspace_id, draft.provider, draft.mailbox_id, *draft.link_message_ids),
-        ).fetchone()
-        return (None, False) if row is None else (str(row["task_id"]), False)
+        ).fetchall()
+        # Exact linkage only: ids that name messages on two different tasks (a reused
+        # Message-ID) link nothing, and the message starts its own task.
+        return (str(rows[0]["task_id"]), False) if len(rows) == 1 else (None, False)
 
     @staticmethod
     def _new_task(draft: TaskDraft, now: datetime) -> tuple[Task, str]:

@@ -105,12 +105,12 @@ async def test_a_due_retry_finishes_and_unblocks_its_task(
     )  # fmt: skip
     blocked = station_store.get_task(task.task_id)
     assert blocked is not None and blocked.state is TaskState.BLOCKED_RETRY_PENDING
-    assert blocked.blocked_by == record.key
+    assert blocked.blocked_by == (record.key,)
     clock.advance(minutes=6)
     retried = await cycle(station_store, data_dir, ws, clock, lambda _b: box)
     assert [i.claim for i in retried.items] == [ClaimOutcome.CLAIMED]
     done = station_store.get_task(task.task_id)
-    assert done is not None and done.state is TaskState.TASK_RESOLVED and done.blocked_by is None
+    assert done is not None and done.state is TaskState.TASK_RESOLVED and done.blocked_by == ()
     assert first.items[0].task_id == task.task_id
 
 
@@ -259,3 +259,139 @@ def test_sixteen_processes_opening_a_new_database_together_all_succeed(tmp_path:
         store = SqliteStore(db)
         assert store.schema_version() >= 1 and store.integrity_check() == "ok"
         store.close()
+
+
+async def test_a_takeover_after_the_agent_moved_the_task_on_does_not_poison_later_runs(
+    data_dir: workspaces.DataDir, clock: FrozenClock, register: Callable[[str], str]
+) -> None:
+    ws = register(context_yaml())
+    box = InMemoryProvider(MAILBOX)
+    for n in (1, 2):
+        box.deliver(make_envelope(mailbox_id=MAILBOX, message_no=n, thread_no=n))
+    dying = DiesBeforeReport(data_dir.database)
+    with pytest.raises(SystemExit):
+        await cycle(dying, data_dir, ws, clock, lambda _b: box, holder=DEAD)
+    dying.close()
+    store = SqliteStore(data_dir.database)
+    [task] = store.list_tasks(ws)
+    for state in (TaskState.IN_DISCOVERY, TaskState.EXECUTING):  # the agent host works it
+        store.transition_task(task.task_id, state, "agent host", clock.now())
+    result = await cycle(store, data_dir, ws, clock, lambda _b: box)
+    assert result.reconciliation is not None and result.reconciliation.clean
+    assert [i.claim for i in result.items] == [ClaimOutcome.CLAIMED] * 2
+    moved = store.get_task(task.task_id)
+    assert moved is not None and moved.state is TaskState.EXECUTING  # the agent's move stands
+    store.close()
+
+
+async def test_an_auto_reply_that_opened_a_thread_never_leaves_it_half_made(
+    data_dir: workspaces.DataDir, clock: FrozenClock, register: Callable[[str], str]
+) -> None:
+    ws = register(context_yaml())
+    box = InMemoryProvider(MAILBOX)
+    box.deliver(
+        make_envelope(
+            mailbox_id=MAILBOX, message_no=1, thread_no=1, auto_submitted="auto-generated"
+        )
+    )
+    box.deliver(
+        make_envelope(
+            mailbox_id=MAILBOX,
+            message_no=2,
+            thread_no=1,
+            sender="dana.levi@contoso.test",
+            in_reply_to="<m1@example.test>",
+        )
+    )
+    dying = DiesBeforeReport(data_dir.database)
+    with pytest.raises(SystemExit):  # the auto-reply's worker, on another host, dies
+        await cycle(
+            dying, data_dir, ws, clock, lambda _b: box, holder="other-host.test/1/4242/77/x"
+        )
+    dying.close()
+    store = SqliteStore(data_dir.database)
+    await cycle(store, data_dir, ws, clock, lambda _b: box)  # its lease still runs
+    clock.advance(seconds=301)
+    await cycle(store, data_dir, ws, clock, lambda _b: box)  # lease expired: taken over
+    [task] = store.list_tasks(ws)
+    assert task.state is TaskState.TASK_RESOLVED
+    assert task.next_action.description != "none: automated message"
+    store.close()
+
+
+async def test_an_auto_reply_never_resumes_a_task_waiting_for_the_client_even_with_a_gate_open(
+    station_store: SqliteStore, data_dir: workspaces.DataDir, clock: FrozenClock,
+    register: Callable[[str], str],
+) -> None:  # fmt: skip
+    ws = register(context_yaml(licence="suspended"))  # every task carries a preflight gate
+    box = InMemoryProvider(MAILBOX)
+    box.deliver(make_envelope(mailbox_id=MAILBOX, message_no=1, thread_no=1))
+    await cycle(station_store, data_dir, ws, clock, lambda _b: box)
+    [task] = station_store.list_tasks(ws)
+    station_store.transition_task(task.task_id, TaskState.WAITING_CLIENT, "asked", clock.now())
+    box.deliver(
+        make_envelope(
+            mailbox_id=MAILBOX,
+            message_no=2,
+            thread_no=1,
+            in_reply_to="<m1@example.test>",
+            auto_submitted="auto-replied",
+        )
+    )
+    await cycle(station_store, data_dir, ws, clock, lambda _b: box)
+    [same] = station_store.list_tasks(ws)
+    assert same.state is TaskState.WAITING_CLIENT
+
+
+async def test_reused_message_ids_never_file_a_reply_on_another_senders_task(
+    station_store: SqliteStore, data_dir: workspaces.DataDir, clock: FrozenClock,
+    register: Callable[[str], str], tmp_path: Path,
+) -> None:  # fmt: skip
+    path = tmp_path / "Maildir"
+    box = mailbox.Maildir(str(path), create=True)
+
+    def add(sender: str, mid: str, subject: str, date: str, parent: str | None = None) -> None:
+        head = f"From: {sender}\r\nTo: {MAILBOX}\r\nSubject: {subject}\r\nMessage-ID: {mid}\r\nDate: {date}\r\n"
+        if parent:
+            head += f"In-Reply-To: {parent}\r\nReferences: {parent}\r\n"
+        box.add((head + f"\r\n{subject} body\r\n").encode())
+
+    add(
+        "someone@other-client.test",
+        "<x@contoso.test>",
+        "Unrelated new request",
+        "Mon, 30 Nov 2026 07:00:00 +0000",
+    )
+    add(
+        "dana.levi@contoso.test",
+        "<x@contoso.test>",
+        "Contoso contract",
+        "Mon, 30 Nov 2026 08:00:00 +0000",
+    )
+    add(
+        "dana.levi@contoso.test",
+        "<b@contoso.test>",
+        "Re: Contoso contract",
+        "Mon, 30 Nov 2026 08:30:00 +0000",
+        "<x@contoso.test>",
+    )
+    add(
+        "dana.levi@contoso.test",
+        "<dup@mailer.test>",
+        "Re: Contoso contract",
+        "Mon, 30 Nov 2026 08:40:00 +0000",
+        "<x@contoso.test>",
+    )
+    add("other@third.test", "<dup@mailer.test>", "Third request", "Mon, 30 Nov 2026 09:00:00 +0000")
+    add(
+        "other@third.test",
+        "<c@third.test>",
+        "Re: Third request",
+        "Mon, 30 Nov 2026 10:00:00 +0000",
+        "<dup@mailer.test>",
+    )
+    ws = register(context_yaml(provider="maildir", path=str(path)))
+    await cycle(station_store, data_dir, ws, clock, lambda _b: MaildirProvider(path, MAILBOX))
+    for task in station_store.list_tasks(ws):
+        senders = {m.sender for m in task.messages}
+        assert len(senders) == 1, (task.title, senders)
