@@ -239,22 +239,31 @@ async def test_a_reused_message_id_does_not_pull_a_new_request_into_another_thre
 
 
 def test_sixteen_processes_opening_a_new_database_together_all_succeed(tmp_path: Path) -> None:
+    # Each child imports everything, says it is ready, then waits on its stdin: the parent
+    # releases all sixteen at once, so they race to create and migrate the same database.
     code = (
-        "import sys, time, pathlib\n"
+        "import sys, pathlib\n"
         "from agent.storage.sqlite import SqliteStore\n"
-        "go = pathlib.Path(sys.argv[2])\n"
-        "deadline = time.monotonic() + 60\n"
-        "while not go.exists() and time.monotonic() < deadline: time.sleep(0.0005)\n"
+        "print('ready', flush=True)\n"
+        "sys.stdin.readline()\n"
         "SqliteStore(pathlib.Path(sys.argv[1])).close()\n"
     )
     for trial in range(5):
-        db, go = tmp_path / f"t{trial}.db", tmp_path / f"go{trial}"
+        db = tmp_path / f"t{trial}.db"
         procs = [
-            subprocess.Popen([sys.executable, "-c", code, str(db), str(go)], stderr=subprocess.PIPE)
+            subprocess.Popen(
+                [sys.executable, "-c", code, str(db)],
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            )
             for _ in range(16)
-        ]
-        go.touch()
-        errors = [p.communicate(timeout=120)[1].decode() for p in procs]
+        ]  # fmt: skip
+        for proc in procs:
+            assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
+        for proc in procs:
+            assert proc.stdin is not None
+            proc.stdin.write("go\n")
+            proc.stdin.flush()
+        errors = [p.communicate(timeout=120)[1] for p in procs]
         assert [p.returncode for p in procs] == [0] * 16, [e for e in errors if e][:1]
         store = SqliteStore(db)
         assert store.schema_version() >= 1 and store.integrity_check() == "ok"
