@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from agent.ports import Store
-from agent.services import workspaces
+from agent.ports import MailProvider, Store
+from agent.services import intake, workspaces
 from agent.storage.sqlite import SqliteStore
 from agent.testing import FrozenClock
 
@@ -138,3 +138,23 @@ def register(
 @pytest.fixture
 def anyio_backend() -> str:
     return "asyncio"
+
+
+async def run_intake(
+    store: Store,
+    data_dir: workspaces.DataDir,
+    workspace_id: str,
+    clock: FrozenClock,
+    *mailboxes: MailProvider,
+    holder: str | None = None,
+) -> intake.RunResult:
+    """One intake cycle over the given mailboxes (each serves the binding with its id)."""
+    by_id = {m.mailbox_id: m for m in mailboxes}
+    return await intake.run_cycle(
+        store=store,
+        data_dir=data_dir,
+        workspace_id=workspace_id,
+        provider_for=lambda binding: by_id[binding.mailbox_id],
+        clock=clock,
+        holder=holder,
+    )

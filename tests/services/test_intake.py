@@ -14,27 +14,16 @@ from agent.domain.envelope import Address
 from agent.domain.errors import RegistryError
 from agent.domain.states import TaskState
 from agent.providers.maildir import MaildirProvider
-from agent.services import intake, workspaces
+from agent.services import workspaces
 from agent.services.holder import _pid_namespace
 from agent.storage.sqlite import SqliteStore
 from agent.testing import FrozenClock, InMemoryProvider, make_envelope
 from tests.conftest import context_yaml
+from tests.conftest import run_intake as cycle
 
 pytestmark = pytest.mark.anyio
 MAILBOX = "support@fabrikam.test"
 SHARED = "shared@fabrikam.test"
-
-
-async def cycle(
-    store: SqliteStore,
-    data_dir: workspaces.DataDir,
-    ws: str,
-    clock: FrozenClock,
-    box: InMemoryProvider,
-) -> intake.RunResult:
-    return await intake.run_cycle(
-        store=store, data_dir=data_dir, workspace_id=ws, provider_for=lambda _b: box, clock=clock
-    )
 
 
 def shared_ctx(ws: str, bind: str) -> str:
@@ -260,14 +249,8 @@ async def test_an_unreadable_mailbox_is_an_access_gap_and_the_other_mailboxes_st
     ws = register(text + textwrap.dedent(extra))
     box = InMemoryProvider(MAILBOX)
     box.deliver(make_envelope(mailbox_id=MAILBOX, message_no=1, thread_no=1))
-    boxes = {
-        MAILBOX: box,
-        "archive@fabrikam.test": MaildirProvider(tmp_path / "missing", "archive@fabrikam.test"),
-    }
-    result = await intake.run_cycle(
-        store=station_store, data_dir=data_dir, workspace_id=ws,
-        provider_for=lambda b: boxes[b.mailbox_id], clock=clock,
-    )  # fmt: skip
+    archive = MaildirProvider(tmp_path / "missing", "archive@fabrikam.test")
+    result = await cycle(station_store, data_dir, ws, clock, box, archive)
     assert [i.disposition for i in result.items] == [Disposition.QUEUED]
     [error] = result.access_errors
     assert error.startswith("archive@fabrikam.test: no Maildir at") and "create it" in error

@@ -12,19 +12,18 @@ from pathlib import Path
 
 import pytest
 
-from agent.domain.context import MailboxBinding
 from agent.domain.dispositions import Disposition
 from agent.domain.errors import ClaimLost
 from agent.domain.execution import ClaimOutcome
 from agent.domain.records import ReportRequest
 from agent.domain.states import TaskState
-from agent.ports import MailProvider
 from agent.providers.maildir import MaildirProvider
-from agent.services import intake, workspaces
+from agent.services import workspaces
 from agent.services.holder import _pid_namespace
 from agent.storage.sqlite import SqliteStore
 from agent.testing import FrozenClock, InMemoryProvider, make_envelope
 from tests.conftest import context_yaml
+from tests.conftest import run_intake as cycle
 
 pytestmark = pytest.mark.anyio
 MAILBOX = "support@fabrikam.test"
@@ -36,20 +35,6 @@ class DiesBeforeReport(SqliteStore):
 
     def report(self, request: ReportRequest, now):  # type: ignore[override]
         raise SystemExit("killed before the report")
-
-
-async def cycle(
-    store: SqliteStore,
-    data_dir: workspaces.DataDir,
-    ws: str,
-    clock: FrozenClock,
-    provider_for: Callable[[MailboxBinding], MailProvider],
-    holder: str | None = None,
-) -> intake.RunResult:
-    return await intake.run_cycle(
-        store=store, data_dir=data_dir, workspace_id=ws, provider_for=provider_for, clock=clock,
-        holder=holder,
-    )  # fmt: skip
 
 
 async def test_a_takeover_after_a_crash_still_triages_the_message_as_new(
@@ -64,10 +49,10 @@ async def test_a_takeover_after_a_crash_still_triages_the_message_as_new(
     dying = DiesBeforeReport(data_dir.database)
     for _ in range(2):  # each dead run claims one more item, creates its task, then dies
         with pytest.raises(SystemExit):
-            await cycle(dying, data_dir, ws, clock, lambda _b: box, holder=DEAD)
+            await cycle(dying, data_dir, ws, clock, box, holder=DEAD)
     dying.close()
     store = SqliteStore(data_dir.database)
-    result = await cycle(store, data_dir, ws, clock, lambda _b: box)
+    result = await cycle(store, data_dir, ws, clock, box)
     assert [i.claim for i in result.items] == [ClaimOutcome.CLAIMED] * 2
     states = {t.title: t.state for t in store.list_tasks(ws)}
     assert states == {"Request 1": TaskState.TASK_RESOLVED, "Request 2": TaskState.COMPLETED}
@@ -82,7 +67,7 @@ async def test_a_due_retry_finishes_and_unblocks_its_task(
     ws = register(context_yaml())
     box = InMemoryProvider(MAILBOX)
     box.deliver(make_envelope(mailbox_id=MAILBOX, message_no=1, thread_no=1))
-    first = await cycle(station_store, data_dir, ws, clock, lambda _b: box)
+    first = await cycle(station_store, data_dir, ws, clock, box)
     [task] = station_store.list_tasks(ws)
     # The work on the occurrence hit a transient failure: it is re-claimed and deferred.
     record = station_store.list_executions()[0]
@@ -107,7 +92,7 @@ async def test_a_due_retry_finishes_and_unblocks_its_task(
     assert blocked is not None and blocked.state is TaskState.BLOCKED_RETRY_PENDING
     assert blocked.blocked_by == (record.key,)
     clock.advance(minutes=6)
-    retried = await cycle(station_store, data_dir, ws, clock, lambda _b: box)
+    retried = await cycle(station_store, data_dir, ws, clock, box)
     assert [i.claim for i in retried.items] == [ClaimOutcome.CLAIMED]
     done = station_store.get_task(task.task_id)
     assert done is not None and done.state is TaskState.TASK_RESOLVED and done.blocked_by == ()
@@ -141,7 +126,7 @@ async def test_the_same_file_name_in_two_mailboxes_is_two_items(
         MAILBOX: MaildirProvider(paths["ops"], MAILBOX),
         "archive@fabrikam.test": MaildirProvider(paths["archive"], "archive@fabrikam.test"),
     }
-    result = await cycle(station_store, data_dir, ws, clock, lambda b: providers[b.mailbox_id])
+    result = await cycle(station_store, data_dir, ws, clock, *providers.values())
     assert len(result.items) == 2 and {i.disposition for i in result.items} == {Disposition.QUEUED}
     assert result.reconciliation is not None and result.reconciliation.clean
 
@@ -164,7 +149,7 @@ async def test_a_lost_report_is_recorded_and_the_run_goes_on(
     box = InMemoryProvider(MAILBOX)
     for n in (1, 2):
         box.deliver(make_envelope(mailbox_id=MAILBOX, message_no=n, thread_no=n))
-    result = await cycle(store, data_dir, ws, clock, lambda _b: box)
+    result = await cycle(store, data_dir, ws, clock, box)
     assert [i.disposition for i in result.items] == [
         Disposition.EXECUTION_ALREADY_CLAIMED, Disposition.QUEUED,
     ]  # fmt: skip
@@ -199,9 +184,7 @@ async def test_malformed_files_in_a_maildir_are_recorded_and_nothing_stops_the_r
     for name, data in files.items():
         (path / "new" / name).write_bytes(data)
     ws = register(context_yaml(provider="maildir", path=str(path)))
-    result = await cycle(
-        station_store, data_dir, ws, clock, lambda _b: MaildirProvider(path, MAILBOX)
-    )
+    result = await cycle(station_store, data_dir, ws, clock, MaildirProvider(path, MAILBOX))
     by_name = {i.item_ref.rsplit(":", 1)[-1]: i for i in result.items}
     assert set(by_name) == set(files)
     assert by_name["g-empty.eml"].disposition is Disposition.ESCALATED
@@ -231,7 +214,7 @@ async def test_a_reused_message_id_does_not_pull_a_new_request_into_another_thre
     add("dana.levi@contoso.test", "<dup@mailer.test>", "Re: Contoso contract", "<x@contoso.test>")
     add("someone@other-client.test", "<dup@mailer.test>", "Unrelated new request")
     ws = register(context_yaml(provider="maildir", path=str(path)))
-    await cycle(station_store, data_dir, ws, clock, lambda _b: MaildirProvider(path, MAILBOX))
+    await cycle(station_store, data_dir, ws, clock, MaildirProvider(path, MAILBOX))
     senders = sorted(
         tuple(sorted({m.sender for m in t.messages})) for t in station_store.list_tasks(ws)
     )
@@ -279,13 +262,13 @@ async def test_a_takeover_after_the_agent_moved_the_task_on_does_not_poison_late
         box.deliver(make_envelope(mailbox_id=MAILBOX, message_no=n, thread_no=n))
     dying = DiesBeforeReport(data_dir.database)
     with pytest.raises(SystemExit):
-        await cycle(dying, data_dir, ws, clock, lambda _b: box, holder=DEAD)
+        await cycle(dying, data_dir, ws, clock, box, holder=DEAD)
     dying.close()
     store = SqliteStore(data_dir.database)
     [task] = store.list_tasks(ws)
     for state in (TaskState.IN_DISCOVERY, TaskState.EXECUTING):  # the agent host works it
         store.transition_task(task.task_id, state, "agent host", clock.now())
-    result = await cycle(store, data_dir, ws, clock, lambda _b: box)
+    result = await cycle(store, data_dir, ws, clock, box)
     assert result.reconciliation is not None and result.reconciliation.clean
     assert [i.claim for i in result.items] == [ClaimOutcome.CLAIMED] * 2
     moved = store.get_task(task.task_id)
@@ -314,14 +297,12 @@ async def test_an_auto_reply_that_opened_a_thread_never_leaves_it_half_made(
     )
     dying = DiesBeforeReport(data_dir.database)
     with pytest.raises(SystemExit):  # the auto-reply's worker, on another host, dies
-        await cycle(
-            dying, data_dir, ws, clock, lambda _b: box, holder="other-host.test/1/4242/77/x"
-        )
+        await cycle(dying, data_dir, ws, clock, box, holder="other-host.test/1/4242/77/x")
     dying.close()
     store = SqliteStore(data_dir.database)
-    await cycle(store, data_dir, ws, clock, lambda _b: box)  # its lease still runs
+    await cycle(store, data_dir, ws, clock, box)  # its lease still runs
     clock.advance(seconds=301)
-    await cycle(store, data_dir, ws, clock, lambda _b: box)  # lease expired: taken over
+    await cycle(store, data_dir, ws, clock, box)  # lease expired: taken over
     [task] = store.list_tasks(ws)
     assert task.state is TaskState.TASK_RESOLVED
     assert task.next_action.description != "none: automated message"
@@ -335,7 +316,7 @@ async def test_an_auto_reply_never_resumes_a_task_waiting_for_the_client_even_wi
     ws = register(context_yaml(licence="suspended"))  # every task carries a preflight gate
     box = InMemoryProvider(MAILBOX)
     box.deliver(make_envelope(mailbox_id=MAILBOX, message_no=1, thread_no=1))
-    await cycle(station_store, data_dir, ws, clock, lambda _b: box)
+    await cycle(station_store, data_dir, ws, clock, box)
     [task] = station_store.list_tasks(ws)
     station_store.transition_task(task.task_id, TaskState.WAITING_CLIENT, "asked", clock.now())
     box.deliver(
@@ -347,7 +328,7 @@ async def test_an_auto_reply_never_resumes_a_task_waiting_for_the_client_even_wi
             auto_submitted="auto-replied",
         )
     )
-    await cycle(station_store, data_dir, ws, clock, lambda _b: box)
+    await cycle(station_store, data_dir, ws, clock, box)
     [same] = station_store.list_tasks(ws)
     assert same.state is TaskState.WAITING_CLIENT
 
@@ -400,7 +381,7 @@ async def test_reused_message_ids_never_file_a_reply_on_another_senders_task(
         "<dup@mailer.test>",
     )
     ws = register(context_yaml(provider="maildir", path=str(path)))
-    await cycle(station_store, data_dir, ws, clock, lambda _b: MaildirProvider(path, MAILBOX))
+    await cycle(station_store, data_dir, ws, clock, MaildirProvider(path, MAILBOX))
     for task in station_store.list_tasks(ws):
         senders = {m.sender for m in task.messages}
         assert len(senders) == 1, (task.title, senders)

@@ -15,36 +15,18 @@ import anyio
 import pytest
 import yaml
 
-from agent.domain.context import MailboxBinding
 from agent.domain.dispositions import CLAIM_RACE, NON_TERMINAL, TERMINAL, Disposition
 from agent.domain.execution import ClaimOutcome
 from agent.domain.states import TaskState
-from agent.ports import MailProvider
 from agent.providers.maildir import MaildirProvider
 from agent.services import intake, workspaces
 from agent.storage.sqlite import SqliteStore
 from agent.testing import FrozenClock, InMemoryProvider, make_envelope
 from tests.conftest import context_yaml
+from tests.conftest import run_intake as cycle
 
 pytestmark = pytest.mark.anyio
 MAILBOX = "support@fabrikam.test"
-
-
-def factory(*boxes: MailProvider) -> Callable[[MailboxBinding], MailProvider]:
-    by_id = {b.mailbox_id: b for b in boxes}
-    return lambda binding: by_id[binding.mailbox_id]
-
-
-async def cycle(
-    store: SqliteStore,
-    data_dir: workspaces.DataDir,
-    ws: str,
-    clock: FrozenClock,
-    *boxes: MailProvider,
-) -> intake.RunResult:
-    return await intake.run_cycle(
-        store=store, data_dir=data_dir, workspace_id=ws, provider_for=factory(*boxes), clock=clock
-    )
 
 
 async def test_scenario_01_a_new_message_resolves_one_workspace_claims_once_and_creates_one_task(
