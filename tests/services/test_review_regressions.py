@@ -20,6 +20,7 @@ from agent.domain.states import TaskState
 from agent.providers.maildir import MaildirProvider
 from agent.services import workspaces
 from agent.services.holder import _pid_namespace
+from agent.storage.sql import Tx
 from agent.storage.sqlite import SqliteStore
 from agent.testing import FrozenClock, InMemoryProvider, make_envelope
 from tests.conftest import context_yaml
@@ -73,7 +74,8 @@ async def test_a_due_retry_finishes_and_unblocks_its_task(
     record = station_store.list_executions()[0]
     station_store.start_run("run-retry", ws, "h/0/1/1/x", clock.now())
     station_store.record_scanned([], clock.now())
-    with station_store._tx() as conn:  # pyright: ignore[reportPrivateUsage]
+
+    def reclaim(conn: Tx) -> None:
         conn.execute(
             "UPDATE executions SET state = 'CLAIMED', holder = 'h/0/1/1/x' WHERE key = ?",
             (record.key,),
@@ -82,6 +84,8 @@ async def test_a_due_retry_finishes_and_unblocks_its_task(
             "INSERT INTO run_items (run_id, item_ref, occurrence_key, scanned_at) VALUES ('run-retry', 'r', ?, 0)",
             (record.key,),
         )
+
+    station_store._write(reclaim, None)  # pyright: ignore[reportPrivateUsage]
     station_store.report(
         ReportRequest(key=record.key, holder="h/0/1/1/x", run_id="run-retry", item_ref="r",
                       disposition=Disposition.QUEUED, detail="provider timed out",

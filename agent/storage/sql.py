@@ -1,0 +1,944 @@
+"""The store's logic on any SQL database with UNIQUE constraints and ``ON CONFLICT``.
+
+Uniqueness comes from UNIQUE constraints alone: the claim is an ``INSERT ... ON CONFLICT DO
+NOTHING RETURNING`` on the execution key, in the same transaction as the task write. There is
+no check-then-act and no advisory lock. Backends supply connections and transactions
+(``agent/storage/sqlite.py``, ``agent/storage/postgres``); the statements are written once,
+with ``?`` placeholders, and every read-modify-write of a shared row locks that row first
+(``FOR UPDATE`` where the database has row locks; SQLite's write lock covers the whole file).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterable, Sequence
+from datetime import UTC, datetime, timedelta
+from typing import Any, NoReturn, Protocol, TypeVar
+
+from agent import crashpoints
+from agent.domain.dispositions import (
+    CLAIM_RACE,
+    NON_TERMINAL,
+    TERMINAL,
+    Disposition,
+    parse_disposition,
+)
+from agent.domain.errors import ClaimLost, RegistryError, StoreError, TransitionError
+from agent.domain.execution import ClaimOutcome, ExecutionRecord, ExecutionState
+from agent.domain.records import (
+    Binding,
+    ClaimRequest,
+    ClaimResult,
+    Escalation,
+    EscalationDraft,
+    HealthRecord,
+    ReportRequest,
+    TaskDraft,
+    WorkspaceRow,
+)
+from agent.domain.reporting import apply_report, readiness
+from agent.domain.run import LedgerEntry, Reconciliation
+from agent.domain.states import TERMINAL_STATES, TaskState, check_transition
+from agent.domain.task import Task
+from agent.storage.schema import MIGRATIONS
+
+T = TypeVar("T")
+
+
+class Row(Protocol):
+    """A result row, read by column name."""
+
+    def __getitem__(self, key: str, /) -> Any: ...
+
+
+class Cursor(Protocol):
+    @property
+    def rowcount(self) -> int: ...
+
+    def fetchone(self) -> Any: ...
+
+    def fetchall(self) -> list[Any]: ...
+
+
+class Tx(Protocol):
+    """One open transaction. Statements use ``?`` placeholders."""
+
+    def execute(self, sql: str, params: Sequence[Any] = (), /) -> Cursor: ...
+
+    def executemany(self, sql: str, params: Iterable[Sequence[Any]], /) -> Any: ...
+
+
+Verified = tuple[T] | None
+"""What a commit check found: ``(result,)`` when the transaction committed, else None."""
+
+
+def ts(moment: datetime) -> float:
+    return moment.timestamp()
+
+
+def dt(value: float | None) -> datetime | None:
+    return None if value is None else datetime.fromtimestamp(value, UTC)
+
+
+class SqlStore:
+    """The Store port's logic; a backend supplies ``_write``, ``_read`` and its dialect."""
+
+    FOR_UPDATE = ""
+    """The clause that locks the rows a read-modify-write selects."""
+
+    INTEGRITY_ERRORS: tuple[type[Exception], ...] = ()
+    """The driver's exceptions for a violated constraint."""
+
+    def _write(self, body: Callable[[Tx], T], verify: Callable[[Tx], Verified[T]] | None) -> T:
+        """Run ``body`` in one write transaction and commit. When the commit's outcome is
+        unknown (the connection died during it), ``verify`` reads whether it took effect;
+        without ``verify`` the body is safe to run again."""
+        raise NotImplementedError
+
+    def _read(self, sql: str, params: Sequence[Any] = ()) -> list[Any]:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+    def integrity_check(self) -> str:
+        raise NotImplementedError
+
+    # -- schema ---------------------------------------------------------------------------
+
+    def _apply_migrations(
+        self, conn: Tx, where: str, translate: Callable[[str], str] = lambda s: s
+    ) -> None:
+        """Apply the migrations this database lacks, inside the caller's transaction."""
+        conn.execute("CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL)")
+        row = conn.execute("SELECT max(version) AS v FROM schema_version").fetchone()
+        current = int(row["v"] or 0)
+        known = MIGRATIONS[-1][0]
+        if current > known:
+            raise StoreError(
+                f"the database {where} has schema version {current}, newer than this "
+                f"Outloop knows ({known}); upgrade Outloop before opening it"
+            )
+        for version, statements in MIGRATIONS:
+            if version <= current:
+                continue
+            for statement in statements:
+                conn.execute(translate(statement))
+            conn.execute("INSERT INTO schema_version (version) VALUES (?)", (version,))
+
+    def schema_version(self) -> int:
+        return int(self._read("SELECT max(version) AS v FROM schema_version")[0]["v"])
+
+    # -- registry ---------------------------------------------------------------------------
+
+    def register_workspace(self, row: WorkspaceRow, bindings: Sequence[Binding]) -> None:
+        def body(conn: Tx) -> None:
+            try:
+                conn.execute(
+                    "INSERT INTO workspaces (workspace_id, label, context_path, context_sha256,"
+                    " registered_at, updated_at) VALUES (?, ?, ?, ?, ?, ?)",
+                    (
+                        row.workspace_id,
+                        row.label,
+                        row.context_path,
+                        row.context_sha256,
+                        ts(row.registered_at),
+                        ts(row.updated_at),
+                    ),
+                )
+            except self.INTEGRITY_ERRORS:
+                raise RegistryError(
+                    f"workspace {row.workspace_id} is already registered; use "
+                    "'outloop workspace update' to replace its context"
+                ) from None
+            self._write_bindings(conn, row.workspace_id, bindings)
+
+        def verify(conn: Tx) -> Verified[None]:
+            found = conn.execute(
+                "SELECT 1 FROM workspaces WHERE workspace_id = ? AND context_sha256 = ?"
+                " AND registered_at = ?",
+                (row.workspace_id, row.context_sha256, ts(row.registered_at)),
+            ).fetchone()
+            return (None,) if found is not None else None
+
+        self._write(body, verify)
+
+    def update_workspace(self, row: WorkspaceRow, bindings: Sequence[Binding]) -> None:
+        def body(conn: Tx) -> None:
+            cur = conn.execute(
+                "UPDATE workspaces SET label = ?, context_path = ?, context_sha256 = ?,"
+                " updated_at = ? WHERE workspace_id = ?",
+                (
+                    row.label,
+                    row.context_path,
+                    row.context_sha256,
+                    ts(row.updated_at),
+                    row.workspace_id,
+                ),
+            )
+            if cur.rowcount != 1:
+                raise RegistryError(
+                    f"workspace {row.workspace_id} is not registered; use 'outloop workspace "
+                    "add' first"
+                )
+            conn.execute("DELETE FROM mailbox_bindings WHERE workspace_id = ?", (row.workspace_id,))
+            self._write_bindings(conn, row.workspace_id, bindings)
+
+        self._write(body, None)  # running it again writes the same rows
+
+    @staticmethod
+    def _write_bindings(conn: Tx, workspace_id: str, bindings: Sequence[Binding]) -> None:
+        conn.executemany(
+            "INSERT INTO mailbox_bindings (provider, mailbox_id, workspace_id, shared)"
+            " VALUES (?, ?, ?, ?)",
+            [(b.provider, b.mailbox_id, workspace_id, int(b.shared)) for b in bindings],
+        )
+
+    @staticmethod
+    def _workspace(row: Row) -> WorkspaceRow:
+        return WorkspaceRow(
+            workspace_id=row["workspace_id"],
+            label=row["label"],
+            context_path=row["context_path"],
+            context_sha256=row["context_sha256"],
+            registered_at=dt(row["registered_at"]) or datetime.now(UTC),
+            updated_at=dt(row["updated_at"]) or datetime.now(UTC),
+        )
+
+    def get_workspace(self, workspace_id: str) -> WorkspaceRow | None:
+        rows = self._read("SELECT * FROM workspaces WHERE workspace_id = ?", (workspace_id,))
+        return self._workspace(rows[0]) if rows else None
+
+    def list_workspaces(self) -> list[WorkspaceRow]:
+        return [self._workspace(r) for r in self._read("SELECT * FROM workspaces ORDER BY 1")]
+
+    def bindings_for_mailbox(self, provider: str, mailbox_id: str) -> list[Binding]:
+        rows = self._read(
+            "SELECT * FROM mailbox_bindings WHERE provider = ? AND mailbox_id = ?"
+            " ORDER BY workspace_id",
+            (provider, mailbox_id.lower()),
+        )
+        return [
+            Binding(
+                workspace_id=r["workspace_id"],
+                provider=r["provider"],
+                mailbox_id=r["mailbox_id"],
+                shared=bool(r["shared"]),
+            )
+            for r in rows
+        ]
+
+    # -- run ledger -------------------------------------------------------------------------
+
+    def start_run(self, run_id: str, scope: str, holder: str, started_at: datetime) -> None:
+        def body(conn: Tx) -> None:
+            conn.execute(
+                "INSERT INTO runs (run_id, scope, holder, started_at) VALUES (?, ?, ?, ?)",
+                (run_id, scope, holder, ts(started_at)),
+            )
+
+        def verify(conn: Tx) -> Verified[None]:
+            found = conn.execute(
+                "SELECT 1 FROM runs WHERE run_id = ? AND holder = ?", (run_id, holder)
+            ).fetchone()
+            return (None,) if found is not None else None
+
+        self._write(body, verify)
+
+    def unreconciled_runs(self, scope: str) -> list[tuple[str, str]]:
+        rows = self._read(
+            "SELECT run_id, holder FROM runs WHERE reconciled_at IS NULL AND scope = ?"
+            " ORDER BY started_at",
+            (scope,),
+        )
+        return [(str(r["run_id"]), str(r["holder"])) for r in rows]
+
+    def record_scanned(self, entries: Sequence[LedgerEntry], now: datetime) -> None:
+        refs = [e.item_ref for e in entries]
+        if len(set(refs)) != len(refs):
+            twice = sorted({r for r in refs if refs.count(r) > 1})
+            raise StoreError(f"items scanned twice in one run: {', '.join(twice[:5])}")
+        if not entries:
+            return
+
+        def body(conn: Tx) -> None:
+            conn.executemany(
+                "INSERT INTO run_items (run_id, item_ref, occurrence_key, detail, scanned_at)"
+                " VALUES (?, ?, ?, ?, ?)",
+                [(e.run_id, e.item_ref, e.occurrence_key, e.detail, ts(now)) for e in entries],
+            )
+
+        def verify(conn: Tx) -> Verified[None]:
+            # The rows are written all or none, and only by this call.
+            first = entries[0]
+            found = conn.execute(
+                "SELECT 1 FROM run_items WHERE run_id = ? AND item_ref = ? AND scanned_at = ?",
+                (first.run_id, first.item_ref, ts(now)),
+            ).fetchone()
+            return (None,) if found is not None else None
+
+        self._write(body, verify)
+
+    @staticmethod
+    def _set_disposition(
+        conn: Tx,
+        run_id: str,
+        item_ref: str,
+        disposition: Disposition,
+        detail: str,
+        now: datetime,
+    ) -> None:
+        cur = conn.execute(
+            "UPDATE run_items SET disposition = ?, detail = CASE WHEN ? = '' THEN detail ELSE ?"
+            " END, decided_at = ? WHERE run_id = ? AND item_ref = ? AND disposition IS NULL",
+            (disposition.value, detail, detail, ts(now), run_id, item_ref),
+        )
+        if cur.rowcount != 1:
+            existing = conn.execute(
+                "SELECT disposition FROM run_items WHERE run_id = ? AND item_ref = ?",
+                (run_id, item_ref),
+            ).fetchone()
+            if existing is None:
+                raise StoreError(
+                    f"item {item_ref} was never recorded as scanned in run {run_id}; record "
+                    "the scan before deciding its disposition"
+                )
+            raise StoreError(
+                f"item {item_ref} already has disposition {existing['disposition']} in run "
+                f"{run_id}; an item gets exactly one disposition per run"
+            )
+
+    def record_disposition(
+        self, run_id: str, item_ref: str, disposition: Disposition, detail: str, now: datetime
+    ) -> None:
+        self.record_dispositions(run_id, [(item_ref, disposition, detail)], now)
+
+    def record_dispositions(
+        self, run_id: str, decided: Sequence[tuple[str, Disposition, str]], now: datetime
+    ) -> None:
+        """Record several items' dispositions in one transaction (all or none)."""
+        if not decided:
+            return
+
+        def body(conn: Tx) -> None:
+            for item_ref, disposition, detail in decided:
+                self._set_disposition(conn, run_id, item_ref, disposition, detail, now)
+
+        def verify(conn: Tx) -> Verified[None]:
+            item_ref, disposition, _ = decided[0]
+            found = conn.execute(
+                "SELECT 1 FROM run_items WHERE run_id = ? AND item_ref = ? AND disposition = ?"
+                " AND decided_at = ?",
+                (run_id, item_ref, disposition.value, ts(now)),
+            ).fetchone()
+            return (None,) if found is not None else None
+
+        self._write(body, verify)
+
+    def ledger(self, run_id: str) -> list[LedgerEntry]:
+        rows = self._read(
+            "SELECT * FROM run_items WHERE run_id = ? ORDER BY scanned_at, item_ref", (run_id,)
+        )
+        return [
+            LedgerEntry(
+                run_id=r["run_id"],
+                item_ref=r["item_ref"],
+                occurrence_key=r["occurrence_key"],
+                disposition=parse_disposition(r["disposition"]) if r["disposition"] else None,
+                detail=r["detail"] or "",
+            )
+            for r in rows
+        ]
+
+    def reconcile(self, run_id: str, now: datetime) -> Reconciliation:
+        def body(conn: Tx) -> Reconciliation:
+            # The run's row lock serializes two reconciles of one run.
+            found = conn.execute(
+                "SELECT 1 FROM runs WHERE run_id = ?" + self.FOR_UPDATE, (run_id,)
+            ).fetchone()
+            if found is None:
+                raise StoreError(f"run {run_id} does not exist; nothing to reconcile")
+            # Reports write the ledger in their own transaction, so an item without an
+            # outcome now never got one in this run.
+            conn.execute(
+                "UPDATE run_items SET disposition = 'RECONCILIATION_FAILED', decided_at = ?,"
+                " detail = 'no outcome was recorded for this item in this run'"
+                " WHERE run_id = ? AND disposition IS NULL",
+                (ts(now), run_id),
+            )
+            crashpoints.hit("mid_reconcile")
+            counts: dict[str, int] = {
+                r["disposition"]: int(r["n"])
+                for r in conn.execute(
+                    "SELECT disposition, count(*) AS n FROM run_items WHERE run_id = ?"
+                    " GROUP BY disposition",
+                    (run_id,),
+                ).fetchall()
+            }
+            scanned = sum(counts.values())
+            by = {parse_disposition(k): v for k, v in counts.items()}
+            terminal = sum(v for k, v in by.items() if k in TERMINAL)
+            non_terminal = sum(v for k, v in by.items() if k in NON_TERMINAL)
+            race = sum(v for k, v in by.items() if k in CLAIM_RACE)
+            failed = by.get(Disposition.RECONCILIATION_FAILED, 0)
+            clean = failed == 0 and scanned == terminal + non_terminal + race
+            result = Reconciliation(
+                run_id=run_id,
+                scanned=scanned,
+                terminal=terminal,
+                non_terminal=non_terminal,
+                claim_race=race,
+                reconciliation_failed=failed,
+                by_disposition={k.value: v for k, v in sorted(by.items())},
+                clean=clean,
+                reconciled_at=now,
+            )
+            conn.execute(
+                "UPDATE runs SET reconciled_at = ?, clean = ?, summary = ? WHERE run_id = ?",
+                (ts(now), int(clean), result.model_dump_json(), run_id),
+            )
+            return result
+
+        return self._write(body, None)  # running it again finds the same counts
+
+    # -- claims -----------------------------------------------------------------------------
+
+    @staticmethod
+    def _execution(row: Row) -> ExecutionRecord:
+        return ExecutionRecord(
+            key=row["key"],
+            service=row["service"],
+            holder=row["holder"],
+            state=ExecutionState(row["state"]),
+            generation=int(row["generation"]),
+            lease_expires_at=dt(row["lease_expires_at"]) or datetime.now(UTC),
+            retry_at=dt(row["retry_at"]),
+            outcome=parse_disposition(row["outcome"]) if row["outcome"] else None,
+            result=row["result"],
+            run_id=row["run_id"],
+            item_ref=row["item_ref"],
+            task_id=row["task_id"],
+            claimed_at=dt(row["claimed_at"]) or datetime.now(UTC),
+            reported_at=dt(row["reported_at"]),
+        )
+
+    def claim(
+        self,
+        request: ClaimRequest,
+        draft: TaskDraft | EscalationDraft,
+        now: datetime,
+        holder_alive: Callable[[str], bool],
+    ) -> ClaimResult:
+        lease = ts(now + timedelta(seconds=request.lease_seconds))
+        # A claim that has already lost needs no write: DONE is final, and a live holder's
+        # claim can only be taken over once the holder is dead or its lease expired, which a
+        # later claim sees. Only the insert below can win a claim.
+        known = self._read("SELECT * FROM executions WHERE key = ?", (request.key,))
+        if known:
+            outcome = self._contest(known[0], now, holder_alive)
+            if outcome is not None:
+                return ClaimResult(outcome=outcome, execution=self._execution(known[0]))
+        # A new task is built before the transaction (unless this is a takeover).
+        fresh: tuple[Task, str] | None = None
+        if isinstance(draft, TaskDraft) and not known:
+            fresh = self._new_task(draft, now)
+
+        def body(conn: Tx) -> ClaimResult:
+            row = conn.execute(
+                "INSERT INTO executions (key, service, holder, state, generation,"
+                " lease_expires_at, run_id, item_ref, claimed_at)"
+                " VALUES (?, ?, ?, 'CLAIMED', 1, ?, ?, ?, ?)"
+                " ON CONFLICT (key) DO NOTHING RETURNING *",
+                (
+                    request.key,
+                    request.service,
+                    request.holder,
+                    lease,
+                    request.run_id,
+                    request.item_ref,
+                    ts(now),
+                ),
+            ).fetchone()
+            taken_over = False
+            if row is None:
+                existing = conn.execute(
+                    "SELECT * FROM executions WHERE key = ?", (request.key,)
+                ).fetchone()
+                outcome = self._contest(existing, now, holder_alive)
+                if outcome is not None:
+                    return ClaimResult(outcome=outcome, execution=self._execution(existing))
+                # Takeover: a compare-and-set on the generation this claim saw.
+                row = conn.execute(
+                    "UPDATE executions SET holder = ?, state = 'CLAIMED', generation ="
+                    " generation + 1, lease_expires_at = ?, retry_at = NULL, run_id = ?,"
+                    " item_ref = ?, claimed_at = ? WHERE key = ? AND generation = ?"
+                    " RETURNING *",
+                    (
+                        request.holder,
+                        lease,
+                        request.run_id,
+                        request.item_ref,
+                        ts(now),
+                        request.key,
+                        existing["generation"],
+                    ),
+                ).fetchone()
+                if row is None:
+                    # Another worker took it over first (possible where writers run
+                    # concurrently; SQLite's write lock rules it out).
+                    current = conn.execute(
+                        "SELECT * FROM executions WHERE key = ?", (request.key,)
+                    ).fetchone()
+                    return ClaimResult(
+                        outcome=ClaimOutcome.EXECUTION_ALREADY_CLAIMED,
+                        execution=self._execution(current),
+                    )
+                taken_over = True
+            task: Task | None = None
+            created = False
+            if isinstance(draft, EscalationDraft):
+                conn.execute(
+                    "INSERT INTO escalations (occurrence_key, scope, queue, assignee, reason,"
+                    " provider, mailbox_id, item_ref, created_at)"
+                    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
+                    (
+                        request.key,
+                        draft.scope,
+                        draft.queue,
+                        draft.assignee,
+                        draft.reason,
+                        draft.provider,
+                        draft.mailbox_id,
+                        draft.item_ref,
+                        ts(now),
+                    ),
+                )
+            else:
+                task, created = self._upsert_task(
+                    conn, draft, fresh or self._new_task(draft, now), now
+                )
+                row = conn.execute(
+                    "UPDATE executions SET task_id = ? WHERE key = ? RETURNING *",
+                    (task.task_id, request.key),
+                ).fetchone()
+            crashpoints.hit("after_task_write")
+            return ClaimResult(
+                outcome=ClaimOutcome.CLAIMED,
+                execution=self._execution(row),
+                task=task,
+                task_created=created,
+                taken_over=taken_over,
+            )
+
+        def verify(conn: Tx) -> Verified[ClaimResult]:
+            # The commit's outcome is unknown: the execution record says whether this claim
+            # won. It never claims again on a guess.
+            row = conn.execute(
+                "SELECT * FROM executions WHERE key = ? AND holder = ? AND claimed_at = ?",
+                (request.key, request.holder, ts(now)),
+            ).fetchone()
+            if row is None:
+                return None
+            task = None
+            if row["task_id"] is not None:
+                task = self._load_task(conn, row["task_id"])
+            return (
+                ClaimResult(
+                    outcome=ClaimOutcome.CLAIMED,
+                    execution=self._execution(row),
+                    task=task,
+                    task_created=task is not None and task.created_by == request.key,
+                    taken_over=int(row["generation"]) > 1,
+                ),
+            )
+
+        return self._write(body, verify)
+
+    @staticmethod
+    def _contest(
+        existing: Row, now: datetime, holder_alive: Callable[[str], bool]
+    ) -> ClaimOutcome | None:
+        """None when the existing execution may be taken over, else the claim-race outcome."""
+        state = ExecutionState(existing["state"])
+        if state is ExecutionState.DONE:
+            return ClaimOutcome.EXECUTION_ALREADY_DONE
+        if state is ExecutionState.RETRY_PENDING:
+            retry_at = existing["retry_at"]
+            due = retry_at is None or retry_at <= ts(now)
+            return None if due else ClaimOutcome.EXECUTION_ALREADY_CLAIMED
+        if existing["lease_expires_at"] <= ts(now) or not holder_alive(existing["holder"]):
+            return None
+        return ClaimOutcome.EXECUTION_ALREADY_CLAIMED
+
+    @staticmethod
+    def _find_task_id(conn: Tx, draft: TaskDraft) -> tuple[str | None, bool]:
+        """The thread's task id, and whether it was found by the work key itself."""
+        row = conn.execute(
+            "SELECT task_id FROM task_threads WHERE work_key = ?", (draft.work_key,)
+        ).fetchone()
+        if row is not None:
+            return str(row["task_id"]), True
+        if not draft.link_message_ids:
+            return None, False
+        marks = ",".join("?" for _ in draft.link_message_ids)
+        rows = conn.execute(
+            "SELECT DISTINCT task_id FROM task_messages WHERE workspace_id = ? AND provider = ?"
+            f" AND mailbox_id = ? AND internet_message_id IN ({marks}) LIMIT 2",
+            (draft.workspace_id, draft.provider, draft.mailbox_id, *draft.link_message_ids),
+        ).fetchall()
+        # Exact linkage only: ids that name messages on two different tasks (a reused
+        # Message-ID) link nothing, and the message starts its own task.
+        return (str(rows[0]["task_id"]), False) if len(rows) == 1 else (None, False)
+
+    @staticmethod
+    def _new_task(draft: TaskDraft, now: datetime) -> tuple[Task, str]:
+        task = Task(
+            task_id=draft.task_id,
+            workspace_id=draft.workspace_id,
+            work_key=draft.work_key,
+            provider=draft.provider,
+            mailbox_id=draft.mailbox_id,
+            provider_thread_id=draft.provider_thread_id,
+            title=draft.title,
+            original_subject=draft.original_subject,
+            received_at=draft.received_at,
+            first_seen_at=now,
+            updated_at=now,
+            state=TaskState.DISCOVERED,
+            sender_identity=draft.sender_identity,
+            sender_side=draft.sender_side,
+            client_send_policy=draft.client_send_policy,
+            project_id=draft.project_id,
+            intake_location_id=draft.intake_location_id,
+            next_action=draft.next_action,
+            messages=(draft.message,),
+            package_version=draft.package_version,
+            created_by=draft.occurrence_key,
+        )
+        return task, task.model_dump_json()
+
+    def _upsert_task(
+        self, conn: Tx, draft: TaskDraft, fresh: tuple[Task, str], now: datetime
+    ) -> tuple[Task, bool]:
+        task_id, by_work_key = self._find_task_id(conn, draft)
+        if task_id is None:
+            task, record = fresh
+            self._insert_task(conn, task, record)
+            if self._link_thread(conn, draft.work_key, task.task_id):
+                self._record_message(conn, draft, task.task_id)
+                return task, True
+            # Another worker's transaction created this thread's task first (writers that
+            # run concurrently); UNIQUE(work_key) decided it. Use that task instead.
+            conn.execute("DELETE FROM tasks WHERE task_id = ?", (task.task_id,))
+            task_id, by_work_key = self._find_task_id(conn, draft)
+            if task_id is None or not by_work_key:
+                raise StoreError(f"thread {draft.work_key} has no task after a conflict")
+        task = self._load_task(conn, task_id, lock=True)
+        # A takeover of the claim that created the task is still its first handling.
+        created = task.created_by == draft.occurrence_key
+        known = {m.provider_message_id for m in task.messages}
+        if draft.message.provider_message_id not in known:
+            task = task.model_copy(
+                update={"messages": (*task.messages, draft.message), "updated_at": now}
+            )
+            self._save_task(conn, task, task.state)
+        if not by_work_key:
+            # An alias found by exact linkage: this thread now points at that task (a
+            # concurrent alias of the same thread found the same task, or lost).
+            self._link_thread(conn, draft.work_key, task.task_id)
+        self._record_message(conn, draft, task.task_id)
+        return task, created
+
+    @staticmethod
+    def _record_message(conn: Tx, draft: TaskDraft, task_id: str) -> None:
+        """Index the message for exact linkage of later replies."""
+        conn.execute(
+            "INSERT INTO task_messages (workspace_id, provider, mailbox_id, internet_message_id,"
+            " provider_message_id, task_id, received_at) VALUES (?, ?, ?, ?, ?, ?, ?)"
+            " ON CONFLICT DO NOTHING",
+            (
+                draft.workspace_id,
+                draft.provider,
+                draft.mailbox_id,
+                draft.message.internet_message_id or "",
+                draft.message.provider_message_id,
+                task_id,
+                ts(draft.message.received_at),
+            ),
+        )
+
+    @staticmethod
+    def _link_thread(conn: Tx, work_key: str, task_id: str) -> bool:
+        """Point the thread at the task; False when the thread already has one.
+        UNIQUE(work_key) makes a second task for one thread impossible."""
+        row = conn.execute(
+            "INSERT INTO task_threads (work_key, task_id) VALUES (?, ?)"
+            " ON CONFLICT (work_key) DO NOTHING RETURNING task_id",
+            (work_key, task_id),
+        ).fetchone()
+        return row is not None
+
+    @staticmethod
+    def _insert_task(conn: Tx, task: Task, record: str) -> None:
+        conn.execute(
+            "INSERT INTO tasks (task_id, workspace_id, work_key, state, terminal, received_at,"
+            " record) VALUES (?, ?, ?, ?, ?, ?, ?)",
+            (
+                task.task_id,
+                task.workspace_id,
+                task.work_key,
+                task.state.value,
+                int(task.state in TERMINAL_STATES),
+                ts(task.received_at),
+                record,
+            ),
+        )
+
+    @staticmethod
+    def _save_task(conn: Tx, task: Task, previous: TaskState) -> None:
+        conn.execute(
+            "UPDATE tasks SET state = ?, record = ? WHERE task_id = ?",
+            (task.state.value, task.model_dump_json(), task.task_id),
+        )
+        if (task.state in TERMINAL_STATES) != (previous in TERMINAL_STATES):
+            # Only then does the queue index change.
+            conn.execute(
+                "UPDATE tasks SET terminal = ? WHERE task_id = ?",
+                (int(task.state in TERMINAL_STATES), task.task_id),
+            )
+
+    def _load_task(self, conn: Tx, task_id: str, *, lock: bool = False) -> Task:
+        """The task record; ``lock`` holds its row until the transaction ends, for a
+        read-modify-write."""
+        row = conn.execute(
+            "SELECT record FROM tasks WHERE task_id = ?" + (self.FOR_UPDATE if lock else ""),
+            (task_id,),
+        ).fetchone()
+        if row is None:
+            raise StoreError(f"task {task_id} does not exist")
+        return Task.model_validate_json(row["record"])
+
+    def report(self, request: ReportRequest, now: datetime) -> ExecutionRecord:
+        if request.retry_at is not None and request.disposition in TERMINAL:
+            raise StoreError(
+                f"a retry cannot carry the terminal disposition {request.disposition}; "
+                "report a non-terminal outcome (for example QUEUED) with retry_at"
+            )
+        crashpoints.hit("before_report")
+
+        def body(conn: Tx) -> ExecutionRecord:
+            # Only the current holder of a live claim may report: compare-and-set.
+            row = conn.execute(
+                "UPDATE executions SET state = ?, outcome = ?, result = ?, reported_at = ?,"
+                " retry_at = ? WHERE key = ? AND holder = ? AND state = 'CLAIMED' RETURNING *",
+                (
+                    "DONE" if request.retry_at is None else "RETRY_PENDING",
+                    request.disposition.value,
+                    request.detail,
+                    ts(now),
+                    None if request.retry_at is None else ts(request.retry_at),
+                    request.key,
+                    request.holder,
+                ),
+            ).fetchone()
+            if row is None:
+                self._refuse_report(conn, request)
+            settled = request.disposition
+            if row["task_id"] is not None:
+                before = self._load_task(conn, row["task_id"], lock=True)
+                task, settled = apply_report(
+                    before,
+                    key=request.key,
+                    disposition=request.disposition,
+                    detail=request.detail,
+                    update=request.task_update,
+                    retrying=request.retry_at is not None,
+                    now=now,
+                )
+                self._save_task(conn, task, before.state)
+            if settled is not request.disposition:
+                row = conn.execute(
+                    "UPDATE executions SET outcome = ? WHERE key = ? RETURNING *",
+                    (settled.value, request.key),
+                ).fetchone()
+            self._set_disposition(
+                conn, request.run_id, request.item_ref, settled, request.detail, now
+            )
+            return self._execution(row)
+
+        def verify(conn: Tx) -> Verified[ExecutionRecord]:
+            row = conn.execute(
+                "SELECT * FROM executions WHERE key = ? AND holder = ? AND state <> 'CLAIMED'"
+                " AND reported_at = ?",
+                (request.key, request.holder, ts(now)),
+            ).fetchone()
+            return (self._execution(row),) if row is not None else None
+
+        record = self._write(body, verify)
+        crashpoints.hit("after_report")
+        return record
+
+    @staticmethod
+    def _refuse_report(conn: Tx, request: ReportRequest) -> NoReturn:
+        existing = conn.execute(
+            "SELECT holder, state FROM executions WHERE key = ?", (request.key,)
+        ).fetchone()
+        if existing is None:
+            raise StoreError(
+                f"no execution record for {request.key}; claim the occurrence before reporting it"
+            )
+        raise ClaimLost(
+            f"{request.holder} no longer holds {request.key} (holder {existing['holder']}, state"
+            f" {existing['state']}); the execution record governs, so this report is refused"
+        )
+
+    def list_executions(self, state: ExecutionState | None = None) -> list[ExecutionRecord]:
+        if state is None:
+            rows = self._read("SELECT * FROM executions ORDER BY claimed_at, key")
+        else:
+            rows = self._read(
+                "SELECT * FROM executions WHERE state = ? ORDER BY claimed_at, key", (state.value,)
+            )
+        return [self._execution(r) for r in rows]
+
+    def get_execution(self, key: str) -> ExecutionRecord | None:
+        rows = self._read("SELECT * FROM executions WHERE key = ?", (key,))
+        return self._execution(rows[0]) if rows else None
+
+    # -- tasks ------------------------------------------------------------------------------
+
+    def get_task(self, task_id: str) -> Task | None:
+        rows = self._read("SELECT record FROM tasks WHERE task_id = ?", (task_id,))
+        return Task.model_validate_json(rows[0]["record"]) if rows else None
+
+    def task_for_thread(self, work_key: str) -> Task | None:
+        rows = self._read(
+            "SELECT t.record FROM task_threads h JOIN tasks t USING (task_id) WHERE h.work_key = ?",
+            (work_key,),
+        )
+        return Task.model_validate_json(rows[0]["record"]) if rows else None
+
+    def list_tasks(self, workspace_id: str) -> list[Task]:
+        rows = self._read(
+            "SELECT record FROM tasks WHERE workspace_id = ? ORDER BY received_at, task_id",
+            (workspace_id,),
+        )
+        return [Task.model_validate_json(r["record"]) for r in rows]
+
+    def list_queue(self, workspace_id: str) -> list[Task]:
+        rows = self._read(
+            "SELECT record FROM tasks WHERE workspace_id = ? AND terminal = 0"
+            " ORDER BY received_at, task_id",
+            (workspace_id,),
+        )
+        return [Task.model_validate_json(r["record"]) for r in rows]
+
+    def transition_task(
+        self, task_id: str, target: TaskState, evidence: str, now: datetime
+    ) -> Task:
+        def body(conn: Tx) -> Task:
+            before = self._load_task(conn, task_id, lock=True)
+            check_transition(before.state, target)
+            if target in TERMINAL_STATES and before.open_gates:
+                raise TransitionError(
+                    f"task {task_id} still has open gates ("
+                    + ", ".join(f"{g.kind} owned by {g.owner}" for g in before.open_gates)
+                    + "); a task with an unsatisfied gate cannot be closed"
+                )
+            task = before.model_copy(update={"state": target, "updated_at": now})
+            task = task.model_copy(update={"readiness_tier": readiness(task)})
+            self._save_task(conn, task, before.state)
+            conn.execute(
+                "INSERT INTO task_events (task_id, at, state, evidence) VALUES (?, ?, ?, ?)",
+                (task_id, ts(now), target.value, evidence),
+            )
+            return task
+
+        def verify(conn: Tx) -> Verified[Task]:
+            found = conn.execute(
+                "SELECT 1 FROM task_events WHERE task_id = ? AND at = ? AND state = ?",
+                (task_id, ts(now), target.value),
+            ).fetchone()
+            return (self._load_task(conn, task_id),) if found is not None else None
+
+        return self._write(body, verify)
+
+    # -- escalations and health -------------------------------------------------------------
+
+    def list_escalations(self, scope: str | None = None) -> list[Escalation]:
+        sql = "SELECT * FROM escalations"
+        params: tuple[str, ...] = ()
+        if scope is not None:
+            sql += " WHERE scope = ?"
+            params = (scope,)
+        rows = self._read(sql + " ORDER BY created_at, occurrence_key", params)
+        return [
+            Escalation(
+                occurrence_key=r["occurrence_key"],
+                scope=r["scope"],
+                queue=r["queue"],
+                assignee=r["assignee"],
+                reason=r["reason"],
+                provider=r["provider"],
+                mailbox_id=r["mailbox_id"],
+                item_ref=r["item_ref"],
+                created_at=dt(r["created_at"]) or datetime.now(UTC),
+            )
+            for r in rows
+        ]
+
+    def record_health(self, key: str, detail: str, now: datetime) -> None:
+        def body(conn: Tx) -> None:
+            conn.execute(
+                "INSERT INTO health (key, detail, count, recorded_at) VALUES (?, ?, 1, ?)"
+                " ON CONFLICT (key) DO UPDATE SET detail = excluded.detail,"
+                " count = health.count + 1, recorded_at = excluded.recorded_at",
+                (key, detail, ts(now)),
+            )
+
+        def verify(conn: Tx) -> Verified[None]:
+            found = conn.execute(
+                "SELECT 1 FROM health WHERE key = ? AND detail = ? AND recorded_at = ?",
+                (key, detail, ts(now)),
+            ).fetchone()
+            return (None,) if found is not None else None
+
+        self._write(body, verify)
+
+    def list_health(self) -> list[HealthRecord]:
+        return [
+            HealthRecord(
+                key=r["key"],
+                detail=r["detail"],
+                count=int(r["count"]),
+                recorded_at=dt(r["recorded_at"]) or datetime.now(UTC),
+            )
+            for r in self._read("SELECT * FROM health ORDER BY key")
+        ]
+
+    # -- inspection used by tests and the CLI -----------------------------------------------
+
+    def counts(self) -> dict[str, int]:
+        tables = (
+            "executions",
+            "tasks",
+            "task_threads",
+            "task_messages",
+            "runs",
+            "run_items",
+            "escalations",
+        )
+        out = {t: int(self._read(f"SELECT count(*) AS n FROM {t}")[0]["n"]) for t in tables}
+        out["executions_done"] = int(
+            self._read("SELECT count(*) AS n FROM executions WHERE state = 'DONE'")[0]["n"]
+        )
+        return out
+
+    def run_summary(self, run_id: str) -> Reconciliation | None:
+        rows = self._read("SELECT summary FROM runs WHERE run_id = ?", (run_id,))
+        if not rows or rows[0]["summary"] is None:
+            return None
+        return Reconciliation.model_validate(json.loads(rows[0]["summary"]))
+
+    def list_runs(self) -> list[str]:
+        return [str(r["run_id"]) for r in self._read("SELECT run_id FROM runs ORDER BY started_at")]
