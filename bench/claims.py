@@ -6,11 +6,16 @@ occurrence through the claim service: the claim and the task write in one transa
 lost claim recording its claim-race disposition. In ``intake`` mode each worker runs the
 whole intake service instead (scan, ledger, claim, report, reconcile).
 
-The baseline is measured in the same run, on the same disk, by the same number of processes:
-plain one-row-per-transaction inserts with exactly the store's connection settings (WAL,
-synchronous=FULL, the same busy timeout, BEGIN IMMEDIATE). ``rate_per_s`` counts claim
-transactions (every attempt, won or lost) per second of wall time; ``ratio`` is rate /
-baseline.
+The baseline is measured in the same run, on the same database, by the same number of
+processes. On SQLite: plain one-row-per-transaction inserts with exactly the store's
+connection settings (WAL, synchronous=FULL, the same busy timeout, BEGIN IMMEDIATE). On
+PostgreSQL: a plain ``INSERT ... ON CONFLICT DO NOTHING`` per transaction on a UNIQUE key,
+every process inserting the same M keys in its own random order (the bare claim, without its
+task or ledger). ``rate_per_s`` counts claim transactions (every attempt, won or lost) per
+second of wall time; ``ratio`` is rate / baseline.
+
+With ``backend="postgres"`` and no URL the benchmark starts its own throwaway cluster on
+127.0.0.1; with a URL it works in a fresh schema of that database and drops it afterwards.
 """
 
 from __future__ import annotations
@@ -25,12 +30,15 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Generator
+from contextlib import contextmanager
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 import anyio
+import psycopg
+from psycopg import sql as pg_sql
 
 from agent.domain.context import MailboxBinding
 from agent.domain.dispositions import Disposition
@@ -39,14 +47,17 @@ from agent.domain.errors import StoreError
 from agent.domain.execution import ClaimOutcome
 from agent.domain.records import ClaimRequest, ClaimResult, EscalationDraft, TaskDraft
 from agent.domain.run import LedgerEntry
-from agent.ports import MailProvider
+from agent.ports import MailProvider, Store
 from agent.services import claim, classify, intake, workspaces
 from agent.services.clock import SystemClock
 from agent.services.holder import current_holder
+from agent.storage.postgres import PostgresStore
 from agent.storage.sqlite import SqliteStore, begin_immediate, connect
 from agent.testing import InMemoryProvider, synthetic_mailbox
+from bench.pg_cluster import ThrowawayCluster
 
 MODES = ("claim", "intake")
+BACKENDS = ("sqlite", "postgres")
 WORKSPACE_ID = "ws-bench-claims"
 MAILBOX = "bench@outloop.test"
 CONTEXT = f"""\
@@ -62,13 +73,14 @@ kpis: {{official: {{first_response_hours: 8}}}}
 """
 
 
-class TimedSqliteStore(SqliteStore):
-    """The SQLite store, timing each claim call and counting lock failures."""
+class ClaimTimer:
+    """Times every claim call of one store and counts the ones that failed."""
 
-    def __init__(self, path: Path) -> None:
-        super().__init__(path)
+    def __init__(self, store: Store) -> None:
         self.latencies: list[float] = []
         self.busy_errors = 0
+        self._claim = store.claim
+        setattr(store, "claim", self.claim)  # noqa: B010 - wraps this one instance's method
 
     def claim(
         self,
@@ -79,12 +91,16 @@ class TimedSqliteStore(SqliteStore):
     ) -> ClaimResult:
         started = time.perf_counter()
         try:
-            return super().claim(request, draft, now, holder_alive)
+            return self._claim(request, draft, now, holder_alive)
         except StoreError:
             self.busy_errors += 1
             raise
         finally:
             self.latencies.append(time.perf_counter() - started)
+
+
+def _open(url: str | None, data_dir: workspaces.DataDir) -> Store:
+    return PostgresStore(url) if url else SqliteStore(data_dir.database)
 
 
 def _wait_for(go: Path) -> None:
@@ -106,7 +122,8 @@ def _wait_for_all(go: Path, workers: int) -> None:
 def _claims_worker(args: argparse.Namespace) -> dict[str, Any]:
     root = Path(args.dir)
     data_dir = workspaces.DataDir(root)
-    store = TimedSqliteStore(data_dir.database)
+    store = _open(args.url, data_dir)
+    timer = ClaimTimer(store)
     box = synthetic_mailbox(MAILBOX, args.items, args.per_thread)
     random.Random(args.seed).shuffle(box.inbox)
 
@@ -141,20 +158,22 @@ def _claims_worker(args: argparse.Namespace) -> dict[str, Any]:
     counts: dict[str, int] = {}
     for name in outcomes:
         counts[name] = counts.get(name, 0) + 1
+    retries = store.retries if isinstance(store, PostgresStore) else 0
     store.close()
     return {
         "start": wall_start,
         "end": wall_start + elapsed,
-        "attempts": len(store.latencies),
+        "attempts": len(timer.latencies),
         "outcomes": counts,
-        "latencies_ms": [round(x * 1000, 4) for x in store.latencies],
-        "busy_errors": store.busy_errors,
+        "latencies_ms": [round(x * 1000, 4) for x in timer.latencies],
+        "busy_errors": timer.busy_errors,
+        "retries": retries,
         "clean": clean,
         "scanned": scanned,
     }
 
 
-def _claim_all(store: SqliteStore, box: InMemoryProvider) -> list[str]:
+def _claim_all(store: Store, box: InMemoryProvider) -> list[str]:
     """Claim every occurrence through the claim service, as intake does, without the rest."""
     clock = SystemClock()
     context = workspaces.load_context(store, WORKSPACE_ID)
@@ -193,6 +212,8 @@ def _claim_all(store: SqliteStore, box: InMemoryProvider) -> list[str]:
 
 
 def _insert_worker(args: argparse.Namespace) -> dict[str, Any]:
+    if args.url:
+        return _pg_insert_worker(args)
     db = Path(args.db)
     conn = connect(db)  # exactly the store's connection settings
     _wait_for(Path(args.go))
@@ -203,6 +224,23 @@ def _insert_worker(args: argparse.Namespace) -> dict[str, Any]:
         conn.execute("COMMIT")
     end = time.time()
     conn.close()
+    return {"start": start, "end": end, "attempts": args.items}
+
+
+def _pg_insert_worker(args: argparse.Namespace) -> dict[str, Any]:
+    """The bare claim: one INSERT ... ON CONFLICT DO NOTHING per transaction (autocommit),
+    over the same keys as every other worker, in this worker's own random order."""
+    keys = [f"k-{n}" for n in range(args.items)]
+    random.Random(args.seed).shuffle(keys)
+    with psycopg.connect(args.url, autocommit=True) as conn:
+        _wait_for(Path(args.go))
+        start = time.time()
+        for key in keys:
+            conn.execute(
+                "INSERT INTO bench_rows (k, v) VALUES (%s, %s) ON CONFLICT DO NOTHING",
+                (key, "x" * 64),
+            )
+        end = time.time()
     return {"start": start, "end": end, "attempts": args.items}
 
 
@@ -248,6 +286,7 @@ def run(
     scratch: Path,
     *,
     backend: str = "sqlite",
+    url: str | None = None,
     workers: int = 4,
     items: int = 2000,
     per_thread: int = 4,
@@ -255,24 +294,61 @@ def run(
     progress: Callable[[str], None] = lambda _line: None,
 ) -> dict[str, Any]:
     """Run the benchmark in ``scratch`` (a fresh directory) and return its figures."""
-    if backend != "sqlite":
-        raise ValueError(f"backend {backend!r} is not available; use sqlite")
+    if backend not in BACKENDS:
+        raise ValueError(f"backend {backend!r} is not one of {', '.join(BACKENDS)}")
     if mode not in MODES:
         raise ValueError(f"mode {mode!r} is not one of {', '.join(MODES)}")
     scratch.mkdir(parents=True, exist_ok=True)
-    go = scratch / "go"
+    if backend == "sqlite":
+        return _run(scratch, None, workers, items, per_thread, mode, progress)
+    if url:
+        with fresh_schema(url) as scoped:
+            return _run(scratch, scoped, workers, items, per_thread, mode, progress)
+    progress("starting a throwaway PostgreSQL cluster on 127.0.0.1")
+    with ThrowawayCluster(max_connections=2 * workers + 20) as cluster:
+        return _run(scratch, cluster.url, workers, items, per_thread, mode, progress)
 
-    # Baseline: the same number of processes, one-row transactions, the store's pragmas.
-    base_db = scratch / "baseline.db"
-    conn = sqlite3.connect(base_db, isolation_level=None)
-    conn.execute("PRAGMA journal_mode=WAL")
-    conn.execute("CREATE TABLE IF NOT EXISTS rows (k TEXT PRIMARY KEY, v TEXT NOT NULL)")
-    conn.close()
+
+@contextmanager
+def fresh_schema(url: str) -> Generator[str]:
+    """A URL for a new, empty schema of the database at ``url``; dropped afterwards."""
+    schema = f"bench_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(pg_sql.SQL("CREATE SCHEMA {}").format(pg_sql.Identifier(schema)))
+    separator = "&" if "?" in url else "?"
+    try:
+        yield f"{url}{separator}options=-csearch_path%3D{schema}"
+    finally:
+        with psycopg.connect(url, autocommit=True) as conn:
+            conn.execute(pg_sql.SQL("DROP SCHEMA {} CASCADE").format(pg_sql.Identifier(schema)))
+
+
+def _run(
+    scratch: Path,
+    url: str | None,
+    workers: int,
+    items: int,
+    per_thread: int,
+    mode: str,
+    progress: Callable[[str], None],
+) -> dict[str, Any]:
+    go = scratch / "go"
     per_worker = max(1, items)
-    progress(f"baseline: {workers} processes x {per_worker} one-row transactions")
-    baseline_results = _spawn(
-        "insert", workers, ["--db", str(base_db), "--items", str(per_worker)], go
-    )
+    if url is None:
+        # Baseline: the same number of processes, one-row transactions, the store's pragmas.
+        base_db = scratch / "baseline.db"
+        conn = sqlite3.connect(base_db, isolation_level=None)
+        conn.execute("PRAGMA journal_mode=WAL")
+        conn.execute("CREATE TABLE IF NOT EXISTS rows (k TEXT PRIMARY KEY, v TEXT NOT NULL)")
+        conn.close()
+        target = ["--db", str(base_db)]
+        progress(f"baseline: {workers} processes x {per_worker} one-row transactions")
+    else:
+        with psycopg.connect(url, autocommit=True) as pg:
+            pg.execute("CREATE TABLE bench_rows (k TEXT PRIMARY KEY, v TEXT NOT NULL)")
+        target = ["--url", url]
+        progress(f"baseline: {workers} processes x {per_worker} INSERT ... ON CONFLICT DO NOTHING")
+    baseline_results = _spawn("insert", workers, [*target, "--items", str(per_worker)], go)
     baseline_rate, baseline_wall, _ = _rate(baseline_results)
 
     # The product: register the workspace once, then race the workers.
@@ -281,7 +357,7 @@ def run(
     root.mkdir(parents=True, exist_ok=True)
     context_file = scratch / "context.yaml"
     context_file.write_text(CONTEXT, encoding="utf-8")
-    store = SqliteStore(data_dir.database)
+    store = _open(url, data_dir)
     workspaces.add_workspace(store, data_dir, context_file, SystemClock().now())
     store.close()
     progress(f"{mode}: {workers} processes x {items} shared occurrences, random order")
@@ -299,13 +375,14 @@ def run(
             mode,
             "--workers",
             str(workers),
+            *(["--url", url] if url else []),
         ],
         go,
     )
     rate, wall, attempts = _rate(results)
     latencies = [x for r in results for x in r["latencies_ms"]]
 
-    store = SqliteStore(data_dir.database)
+    store = _open(url, data_dir)
     try:
         counts = store.counts()
         done = counts["executions_done"]
@@ -317,7 +394,7 @@ def run(
     duplicates = max(0, claimed - items) + max(0, counts["tasks"] - threads)
     return {
         "bench": "claims",
-        "backend": backend,
+        "backend": "sqlite" if url is None else "postgres",
         "mode": mode,
         "workers": workers,
         "items": items,
@@ -340,6 +417,7 @@ def run(
         # without a DONE one (intake mode, where every claim is reported).
         "lost": items - (done if mode == "intake" else counts["executions"]),
         "busy_errors": sum(int(r["busy_errors"]) for r in results),
+        "retries": sum(int(r["retries"]) for r in results),
         "runs_clean": sum(1 for r in results if r["clean"]),
         "scanned_per_run": sorted({int(r["scanned"]) for r in results}),
         "integrity_check": integrity,
@@ -360,6 +438,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--workers", type=int, default=1, help="workers to wait for at the end")
     parser.add_argument("--dir")
     parser.add_argument("--db")
+    parser.add_argument("--url", help="PostgreSQL URL (else SQLite in --dir / --db)")
     args = parser.parse_args(argv)
     result = _claims_worker(args) if args.role == "claims" else _insert_worker(args)
     sys.stdout.write(json.dumps(result) + "\n")

@@ -9,7 +9,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, NoReturn, TypeVar
 
 import anyio
 import click
@@ -20,7 +20,13 @@ from agent.services import intake, workspaces
 from agent.services.clock import SystemClock
 from bench import claims
 from mcp_server import demo
-from mcp_server.composition import DATA_DIR_ENV, default_data_dir, open_station, provider_for
+from mcp_server.composition import (
+    DATA_DIR_ENV,
+    Station,
+    default_data_dir,
+    open_station,
+    provider_for,
+)
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -39,8 +45,16 @@ def _root(data_dir: Path | None) -> Path:
     return data_dir if data_dir is not None else default_data_dir()
 
 
-def _fail(exc: OutloopError) -> None:
+def _fail(exc: OutloopError) -> NoReturn:
     raise click.ClickException(str(exc)) from exc
+
+
+def _open_station(root: Path) -> Station:
+    """The station, or a clear error (a bad OUTLOOP_DATABASE_URL, an unreadable data dir)."""
+    try:
+        return open_station(root)
+    except OutloopError as exc:
+        _fail(exc)
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -71,7 +85,7 @@ def workspace() -> None:
 @data_dir_option
 def workspace_add(context_file: Path, data_dir: Path | None) -> None:
     """Register one workspace from its context file. A duplicate id is refused."""
-    station = open_station(_root(data_dir))
+    station = _open_station(_root(data_dir))
     try:
         row = workspaces.add_workspace(
             station.store, station.data_dir, context_file, SystemClock().now()
@@ -95,7 +109,7 @@ def workspace_add(context_file: Path, data_dir: Path | None) -> None:
 @data_dir_option
 def workspace_update(context_file: Path, data_dir: Path | None) -> None:
     """Replace a registered workspace's context (re-read on every run)."""
-    station = open_station(_root(data_dir))
+    station = _open_station(_root(data_dir))
     try:
         row = workspaces.update_workspace(
             station.store, station.data_dir, context_file, SystemClock().now()
@@ -119,7 +133,7 @@ def workspace_update(context_file: Path, data_dir: Path | None) -> None:
 @data_dir_option
 def workspace_show(workspace_id: str | None, as_json: bool, data_dir: Path | None) -> None:
     """List registered workspaces, or show one with its queue."""
-    station = open_station(_root(data_dir))
+    station = _open_station(_root(data_dir))
     try:
         if workspace_id is None:
             rows = station.store.list_workspaces()
@@ -168,7 +182,7 @@ def _print_progress(progress: intake.Progress) -> None:
 
 
 def _run_once(root: Path, workspace_id: str, quiet: bool) -> intake.RunResult:
-    station = open_station(root)
+    station = _open_station(root)
     try:
         return anyio.run(_cycle, station, workspace_id, quiet)
     finally:
@@ -296,10 +310,16 @@ def bench() -> None:
 @bench.command("claims")
 @click.option(
     "--backend",
-    type=click.Choice(["sqlite"]),
+    type=click.Choice(claims.BACKENDS),
     default="sqlite",
     show_default=True,
     help="Store backend to measure.",
+)
+@click.option(
+    "--database-url",
+    envvar="OUTLOOP_DATABASE_URL",
+    help="PostgreSQL to measure on (a fresh schema, dropped afterwards); default: "
+    "OUTLOOP_DATABASE_URL, else a throwaway cluster on 127.0.0.1 started for the run.",
 )
 @click.option(
     "--workers",
@@ -333,6 +353,7 @@ def bench() -> None:
 @data_dir_option
 def bench_claims(
     backend: str,
+    database_url: str | None,
     workers: int,
     items: int,
     mode: str,
@@ -351,6 +372,7 @@ def bench_claims(
     result = claims.run(
         scratch,
         backend=backend,
+        url=database_url if backend == "postgres" else None,
         workers=workers,
         items=items,
         per_thread=per_thread,

@@ -8,10 +8,10 @@ from pathlib import Path
 
 from agent.domain.context import MailboxBinding
 from agent.domain.errors import ProviderError
-from agent.ports import MailProvider
+from agent.ports import MailProvider, Store
 from agent.providers.maildir import MaildirProvider
 from agent.services.workspaces import DataDir
-from agent.storage.sqlite import SqliteStore
+from agent.storage.backend import DATABASE_URL_SETTING, open_store
 
 DATA_DIR_ENV = "OUTLOOP_DATA_DIR"
 
@@ -31,16 +31,19 @@ class Station:
     """Everything one data directory needs, built once."""
 
     data_dir: DataDir
-    store: SqliteStore
+    store: Store
 
     def close(self) -> None:
         self.store.close()
 
 
 def open_station(root: Path) -> Station:
+    """The data directory, and the store OUTLOOP_DATABASE_URL selects (unset: SQLite in the
+    data directory; a postgresql:// URL: the shared PostgreSQL database)."""
     root.mkdir(parents=True, exist_ok=True)
     data_dir = DataDir(root)
-    return Station(data_dir=data_dir, store=SqliteStore(data_dir.database))
+    store = open_store(os.environ.get(DATABASE_URL_SETTING), data_dir.database)
+    return Station(data_dir=data_dir, store=store)
 
 
 def provider_for(binding: MailboxBinding) -> MailProvider:

@@ -2,23 +2,58 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import textwrap
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import psycopg
 import pytest
+from psycopg import sql
 
 from agent.ports import MailProvider, Store
 from agent.services import intake, workspaces
+from agent.storage.postgres import PostgresStore
 from agent.storage.sqlite import SqliteStore
 from agent.testing import FrozenClock
+from bench.pg_cluster import ThrowawayCluster
+
+_cluster: ThrowawayCluster | None = None
+
+
+def pg_cluster() -> ThrowawayCluster:
+    """The session's throwaway PostgreSQL cluster on 127.0.0.1, started on first use and
+    destroyed when the session ends."""
+    global _cluster  # noqa: PLW0603 - one cluster per test session
+    if _cluster is None:
+        _cluster = ThrowawayCluster(max_connections=120).start()
+        with psycopg.connect(_cluster.url, autocommit=True) as conn:
+            conn.execute("CREATE EXTENSION IF NOT EXISTS amcheck")
+    return _cluster
+
+
+def pytest_sessionfinish() -> None:
+    if _cluster is not None:
+        _cluster.destroy()
+
+
+def pg_url_at(where: Path) -> str:
+    """A PostgreSQL URL whose schema belongs to this location (created on first use): the
+    same location reopens the same data, as a SQLite file would."""
+    cluster = pg_cluster()
+    schema = "t_" + hashlib.sha256(str(where).encode()).hexdigest()[:16]
+    with psycopg.connect(cluster.url, autocommit=True) as conn:
+        conn.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.Identifier(schema)))
+    return f"{cluster.url}?options=-csearch_path%3D{schema}"
+
 
 # Every Store backend: a name and how to open a store at a location. The Store contract
 # suite runs on each one.
 BACKENDS: dict[str, Callable[[Path], Store]] = {
     "sqlite": lambda where: SqliteStore(where / "store.db"),
+    "postgres": lambda where: PostgresStore(pg_url_at(where)),
 }
 
 # Figures the slow guarantees report at the end of the run (kills per crash point, ...).

@@ -52,8 +52,8 @@ class Row(Protocol):
 
 
 class Cursor(Protocol):
-    @property
-    def rowcount(self) -> int: ...
+    """Results are read with fetchone/fetchall (where statements are pipelined, a fetch is
+    what waits for the server)."""
 
     def fetchone(self) -> Any: ...
 
@@ -85,9 +85,6 @@ class SqlStore:
 
     FOR_UPDATE = ""
     """The clause that locks the rows a read-modify-write selects."""
-
-    INTEGRITY_ERRORS: tuple[type[Exception], ...] = ()
-    """The driver's exceptions for a violated constraint."""
 
     def _write(self, body: Callable[[Tx], T], verify: Callable[[Tx], Verified[T]] | None) -> T:
         """Run ``body`` in one write transaction and commit. When the commit's outcome is
@@ -133,24 +130,24 @@ class SqlStore:
 
     def register_workspace(self, row: WorkspaceRow, bindings: Sequence[Binding]) -> None:
         def body(conn: Tx) -> None:
-            try:
-                conn.execute(
-                    "INSERT INTO workspaces (workspace_id, label, context_path, context_sha256,"
-                    " registered_at, updated_at) VALUES (?, ?, ?, ?, ?, ?)",
-                    (
-                        row.workspace_id,
-                        row.label,
-                        row.context_path,
-                        row.context_sha256,
-                        ts(row.registered_at),
-                        ts(row.updated_at),
-                    ),
-                )
-            except self.INTEGRITY_ERRORS:
+            inserted = conn.execute(
+                "INSERT INTO workspaces (workspace_id, label, context_path, context_sha256,"
+                " registered_at, updated_at) VALUES (?, ?, ?, ?, ?, ?)"
+                " ON CONFLICT (workspace_id) DO NOTHING RETURNING workspace_id",
+                (
+                    row.workspace_id,
+                    row.label,
+                    row.context_path,
+                    row.context_sha256,
+                    ts(row.registered_at),
+                    ts(row.updated_at),
+                ),
+            ).fetchone()
+            if inserted is None:
                 raise RegistryError(
                     f"workspace {row.workspace_id} is already registered; use "
                     "'outloop workspace update' to replace its context"
-                ) from None
+                )
             self._write_bindings(conn, row.workspace_id, bindings)
 
         def verify(conn: Tx) -> Verified[None]:
@@ -165,9 +162,9 @@ class SqlStore:
 
     def update_workspace(self, row: WorkspaceRow, bindings: Sequence[Binding]) -> None:
         def body(conn: Tx) -> None:
-            cur = conn.execute(
+            updated = conn.execute(
                 "UPDATE workspaces SET label = ?, context_path = ?, context_sha256 = ?,"
-                " updated_at = ? WHERE workspace_id = ?",
+                " updated_at = ? WHERE workspace_id = ? RETURNING workspace_id",
                 (
                     row.label,
                     row.context_path,
@@ -175,8 +172,8 @@ class SqlStore:
                     ts(row.updated_at),
                     row.workspace_id,
                 ),
-            )
-            if cur.rowcount != 1:
+            ).fetchone()
+            if updated is None:
                 raise RegistryError(
                     f"workspace {row.workspace_id} is not registered; use 'outloop workspace "
                     "add' first"
@@ -288,12 +285,13 @@ class SqlStore:
         detail: str,
         now: datetime,
     ) -> None:
-        cur = conn.execute(
+        decided = conn.execute(
             "UPDATE run_items SET disposition = ?, detail = CASE WHEN ? = '' THEN detail ELSE ?"
-            " END, decided_at = ? WHERE run_id = ? AND item_ref = ? AND disposition IS NULL",
+            " END, decided_at = ? WHERE run_id = ? AND item_ref = ? AND disposition IS NULL"
+            " RETURNING item_ref",
             (disposition.value, detail, detail, ts(now), run_id, item_ref),
-        )
-        if cur.rowcount != 1:
+        ).fetchone()
+        if decided is None:
             existing = conn.execute(
                 "SELECT disposition FROM run_items WHERE run_id = ? AND item_ref = ?",
                 (run_id, item_ref),

@@ -71,8 +71,6 @@ def begin_immediate(conn: sqlite3.Connection, path: Path) -> None:
 class SqliteStore(SqlStore):
     """The Store port on one SQLite database file (thread-safe per instance)."""
 
-    INTEGRITY_ERRORS = (sqlite3.IntegrityError,)
-
     def __init__(self, path: Path) -> None:
         self.path = path
         path.parent.mkdir(parents=True, exist_ok=True)

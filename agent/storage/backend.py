@@ -1,0 +1,34 @@
+"""Which store backend a station uses: one setting decides.
+
+Unset, the embedded SQLite store lives in the data directory. A ``postgresql://`` URL selects
+the shared PostgreSQL store, for many workers on many machines.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from agent.domain.errors import StoreError
+from agent.ports import Store
+
+DATABASE_URL_SETTING = "OUTLOOP_DATABASE_URL"
+POSTGRES_SCHEMES = ("postgresql", "postgres")
+
+
+def open_store(database_url: str | None, sqlite_path: Path) -> Store:
+    """The store the setting names; a bad value fails here, naming the setting."""
+    if database_url is None or not database_url.strip():
+        from agent.storage.sqlite import SqliteStore  # noqa: PLC0415 - only what is used
+
+        return SqliteStore(sqlite_path)
+    scheme, sep, _ = database_url.strip().partition("://")
+    if sep and scheme.lower() in POSTGRES_SCHEMES:
+        from agent.storage.postgres import PostgresStore  # noqa: PLC0415 - psycopg only here
+
+        return PostgresStore(database_url.strip())
+    shown = f"a {scheme!r} URL" if sep else "a value that is not a URL"
+    raise StoreError(
+        f"{DATABASE_URL_SETTING} must be a postgresql:// URL (for example "
+        "postgresql://outloop@db.internal:5432/outloop), or unset for the embedded SQLite "
+        f"store in the data directory; it is {shown}"
+    )

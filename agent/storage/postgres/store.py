@@ -1,0 +1,273 @@
+"""The shared store: PostgreSQL for many workers on many machines.
+
+The store's logic is ``agent/storage/sql.py`` (the same statements and migrations as SQLite);
+this module supplies pooled connections, explicit transactions and the fault handling:
+
+- Each store keeps a pool of one or two connections in autocommit mode; a write runs
+  ``BEGIN`` ... ``COMMIT`` on one connection, in READ COMMITTED. Uniqueness comes from UNIQUE
+  constraints (``INSERT ... ON CONFLICT DO NOTHING``), and every read-modify-write of a shared
+  row locks it with ``SELECT ... FOR UPDATE``.
+- Transient faults (a dropped connection, a terminated backend, a server restart, a
+  deadlock or serialization failure) are retried by ``RetryPolicy``, with a bound. A fault
+  before ``COMMIT`` was sent rolled the transaction back, so the transaction runs again. A
+  fault during ``COMMIT`` leaves the outcome unknown: the write's own check reads whether it
+  took effect (a claim reads its execution record) before anything runs again.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+import threading
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any, LiteralString, cast
+from urllib.parse import urlsplit
+
+import psycopg
+from psycopg import errors as pg_errors
+from psycopg.conninfo import conninfo_to_dict
+from psycopg.rows import DictRow, dict_row
+from psycopg_pool import ConnectionPool
+
+from agent.domain.errors import StoreError
+from agent.storage.backend import DATABASE_URL_SETTING
+from agent.storage.sql import Cursor, SqlStore, T, Tx, Verified
+
+MIGRATION_LOCK = 7_370_011_001
+"""Serializes schema migrations when several workers start together (not used for claims)."""
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """How transient faults are retried: attempts and total time are both bounded."""
+
+    max_attempts: int = 60
+    deadline_s: float = 60.0  # long enough for a server restart
+    first_backoff_s: float = 0.01
+    max_backoff_s: float = 1.0
+
+    def backoff(self, attempt: int) -> float:
+        return min(self.max_backoff_s, self.first_backoff_s * 2 ** (attempt - 1))
+
+
+TRANSIENT: tuple[type[Exception], ...] = (psycopg.OperationalError,)
+"""Connection loss, admin/crash shutdown, cannot-connect-now, serialization failures and
+deadlocks are all OperationalError subclasses in psycopg."""
+
+
+def redacted(url: str) -> str:
+    """The URL's target without its password, for messages."""
+    try:
+        parts = conninfo_to_dict(url)
+    except psycopg.Error:
+        return "an unparsable URL"
+    shown = [f"{k}={parts[k]}" for k in ("host", "port", "dbname", "user") if parts.get(k)]
+    return " ".join(shown) or "defaults"
+
+
+def _scrub(message: str, url: str) -> str:
+    try:
+        password = urlsplit(url).password
+    except ValueError:
+        password = None
+    return message.replace(password, "***") if password else message
+
+
+_PLACEHOLDERS: dict[str, LiteralString] = {}
+
+
+def _pg(sql: str) -> LiteralString:
+    """The statement with psycopg placeholders (the statements have no other ? or %)."""
+    converted = _PLACEHOLDERS.get(sql)
+    if converted is None:
+        converted = cast(LiteralString, sql.replace("?", "%s"))
+        _PLACEHOLDERS[sql] = converted
+    return converted
+
+
+_DDL_TYPES = ((re.compile(r"\bREAL\b"), "DOUBLE PRECISION"), (re.compile(r"\s*WITHOUT ROWID"), ""))
+
+
+def ddl(statement: str) -> str:
+    """A migration statement for PostgreSQL: epoch seconds need double precision (REAL is
+    single precision there), and WITHOUT ROWID is SQLite's storage hint."""
+    for pattern, replacement in _DDL_TYPES:
+        statement = pattern.sub(replacement, statement)
+    return statement
+
+
+class _Tx:
+    """The Tx protocol on one psycopg connection."""
+
+    def __init__(self, conn: psycopg.Connection[DictRow]) -> None:
+        self._conn = conn
+
+    def execute(self, sql: str, params: Sequence[Any] = (), /) -> Cursor:
+        return self._conn.execute(_pg(sql), params)
+
+    def executemany(self, sql: str, params: Iterable[Sequence[Any]], /) -> Any:
+        with self._conn.cursor() as cur:
+            cur.executemany(_pg(sql), list(params))
+
+
+class PostgresStore(SqlStore):
+    """The Store port on one PostgreSQL database, shared by every worker."""
+
+    FOR_UPDATE = " FOR UPDATE"
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        pool_size: int = 2,
+        retry: RetryPolicy | None = None,
+        connect_timeout_s: int = 10,
+    ) -> None:
+        self.where = redacted(url)
+        self.retry = retry or RetryPolicy()
+        self.retries = 0  # transient faults survived (for benchmarks and tests)
+        self.commit_checks = 0  # commits whose outcome was unknown and was read back
+        self._url = url
+        self._stats_lock = threading.Lock()
+        kwargs: dict[str, Any] = {
+            "autocommit": True,
+            "row_factory": dict_row,
+            "connect_timeout": connect_timeout_s,
+            "application_name": "outloop",
+        }
+        self._probe(kwargs)
+        self._pool: ConnectionPool[psycopg.Connection[DictRow]] = ConnectionPool(
+            url,
+            min_size=1,
+            max_size=max(1, pool_size),
+            kwargs=kwargs,
+            open=False,
+            name="outloop-store",
+            timeout=self.retry.deadline_s,
+            reconnect_timeout=self.retry.deadline_s,
+        )
+        self._pool.open(wait=False)
+        self._write(self._migrate, None)
+
+    def _probe(self, kwargs: dict[str, Any]) -> None:
+        """Fail at start, naming the setting, when the URL is wrong or the server is down."""
+        try:
+            conninfo_to_dict(self._url)
+        except psycopg.Error as exc:
+            raise StoreError(
+                f"{DATABASE_URL_SETTING} is not a valid PostgreSQL URL: "
+                f"{_scrub(str(exc), self._url)}; expected postgresql://user@host:port/dbname"
+            ) from None
+        try:
+            with psycopg.connect(self._url, **kwargs) as conn:
+                conn.execute("SELECT 1")
+        except psycopg.Error as exc:
+            reason = _scrub(str(exc).strip().splitlines()[0] if str(exc).strip() else "", self._url)
+            raise StoreError(
+                f"{DATABASE_URL_SETTING} names a PostgreSQL server that cannot be used "
+                f"({self.where}): {reason}; check that the server runs and the URL's host, "
+                "port, database and credentials are right"
+            ) from None
+
+    def _migrate(self, conn: Tx) -> None:
+        conn.execute(f"SELECT pg_advisory_xact_lock({MIGRATION_LOCK})")
+        self._apply_migrations(conn, f"PostgreSQL ({self.where})", ddl)
+
+    def close(self) -> None:
+        self._pool.close()
+
+    # -- transactions -----------------------------------------------------------------------
+
+    def _write(self, body: Callable[[Tx], T], verify: Callable[[Tx], Verified[T]] | None) -> T:
+        unknown_commit = False
+        attempt = 0
+        deadline = time.monotonic() + self.retry.deadline_s
+        while True:
+            attempt += 1
+            committing = False
+            try:
+                with self._pool.connection() as conn:
+                    tx = _Tx(conn)
+                    if unknown_commit and verify is not None:
+                        with self._stats_lock:
+                            self.commit_checks += 1
+                        found = verify(tx)
+                        if found is not None:
+                            return found[0]
+                    unknown_commit = False
+                    try:
+                        # Pipelined: statements whose results the body does not read go out
+                        # with the next one it does read, and COMMIT with the last batch.
+                        with conn.pipeline():
+                            conn.execute("BEGIN")
+                            result = body(tx)
+                            committing = True
+                            conn.execute("COMMIT")
+                    except BaseException:
+                        self._rollback(conn)
+                        raise
+                    return result
+            except TRANSIENT as exc:
+                unknown_commit = unknown_commit or committing
+                self._wait_before_retry(exc, attempt, deadline)
+
+    def _read(self, sql: str, params: Sequence[Any] = ()) -> list[Any]:
+        attempt = 0
+        deadline = time.monotonic() + self.retry.deadline_s
+        while True:
+            attempt += 1
+            try:
+                with self._pool.connection() as conn:
+                    return conn.execute(_pg(sql), params).fetchall()
+            except TRANSIENT as exc:
+                self._wait_before_retry(exc, attempt, deadline)
+
+    @staticmethod
+    def _rollback(conn: psycopg.Connection[DictRow]) -> None:
+        if not conn.broken and conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+            # If the connection is gone, the server rolled the transaction back itself.
+            with contextlib.suppress(psycopg.Error):
+                conn.execute("ROLLBACK")
+
+    def _wait_before_retry(self, exc: Exception, attempt: int, deadline: float) -> None:
+        if attempt >= self.retry.max_attempts or time.monotonic() >= deadline:
+            raise StoreError(
+                f"PostgreSQL ({self.where}) kept failing after {attempt} attempts in "
+                f"{self.retry.deadline_s:.0f}s: {_scrub(str(exc), self._url)}; is the server up?"
+            ) from exc
+        with self._stats_lock:
+            self.retries += 1
+        time.sleep(min(self.retry.backoff(attempt), max(0.0, deadline - time.monotonic())))
+
+    # -- inspection -------------------------------------------------------------------------
+
+    def integrity_check(self) -> str:
+        """``ok``, or what is wrong: invalid indexes, and B-tree corruption where the amcheck
+        extension is installed."""
+        problems = [
+            f"index {r['name']} is invalid"
+            for r in self._read(
+                "SELECT c.relname AS name FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid"
+                " JOIN pg_namespace n ON n.oid = c.relnamespace"
+                " WHERE n.nspname = current_schema() AND NOT i.indisvalid"
+            )
+        ]
+        amcheck = self._read(
+            "SELECT extnamespace::regnamespace::text AS schema FROM pg_extension"
+            " WHERE extname = 'amcheck'"
+        )
+        if amcheck:
+            check = f"SELECT {amcheck[0]['schema']}.bt_index_check(?::regclass)"
+            for r in self._read(
+                "SELECT c.oid AS oid, c.relname AS name FROM pg_index i"
+                " JOIN pg_class c ON c.oid = i.indexrelid JOIN pg_am a ON a.oid = c.relam"
+                " JOIN pg_namespace n ON n.oid = c.relnamespace"
+                " WHERE n.nspname = current_schema() AND a.amname = 'btree'"
+            ):
+                try:
+                    self._read(check, (r["oid"],))
+                except pg_errors.IndexCorrupted as exc:
+                    problems.append(f"index {r['name']}: {exc}")
+        return "ok" if not problems else "; ".join(problems)
