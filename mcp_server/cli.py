@@ -18,7 +18,7 @@ from agent import crashpoints
 from agent.domain.errors import OutloopError
 from agent.services import intake, workspaces
 from agent.services.clock import SystemClock
-from bench import claims
+from bench import claims, reconcile
 from mcp_server import demo
 from mcp_server.composition import (
     DATA_DIR_ENV,
@@ -384,6 +384,53 @@ def bench_claims(
         return
     for key, value in result.items():
         click.echo(f"{key:>22}  {value}")
+
+
+@bench.command("reconcile")
+@click.option(
+    "--backend",
+    type=click.Choice([*reconcile.BACKENDS, "both"]),
+    default="both",
+    show_default=True,
+    help="Store backend(s) to measure.",
+)
+@click.option(
+    "--database-url",
+    envvar="OUTLOOP_DATABASE_URL",
+    help="PostgreSQL to measure on (a fresh schema, dropped afterwards); default: "
+    "OUTLOOP_DATABASE_URL, else a throwaway cluster on 127.0.0.1 started for the run.",
+)
+@click.option(
+    "--items",
+    type=click.IntRange(min=1),
+    default=100_000,
+    show_default=True,
+    help="Scanned items in the run to reconcile.",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object as the last line.")
+@data_dir_option
+def bench_reconcile(
+    backend: str, database_url: str | None, items: int, as_json: bool, data_dir: Path | None
+) -> None:
+    """Time the reconciliation of one run of N scanned items, 1% of them undecided."""
+    if data_dir is not None:
+        data_dir.mkdir(parents=True, exist_ok=True)
+    scratch = Path(tempfile.mkdtemp(prefix="outloop-bench-", dir=data_dir))
+    click.echo(f"bench scratch directory: {scratch}", err=True)
+    result = reconcile.run(
+        scratch,
+        backends=reconcile.BACKENDS if backend == "both" else (backend,),
+        items=items,
+        url=database_url,
+        progress=lambda line: click.echo(line, err=True),
+    )
+    if as_json:
+        click.echo(json.dumps(result))
+        return
+    for name, figures in result["backends"].items():
+        click.echo(f"[{name}]")
+        for key, value in figures.items():
+            click.echo(f"{key:>24}  {value}")
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -11,7 +11,7 @@ with ``?`` placeholders, and every read-modify-write of a shared row locks that 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any, NoReturn, Protocol, TypeVar
 
@@ -67,9 +67,24 @@ class Tx(Protocol):
 
     def executemany(self, sql: str, params: Iterable[Sequence[Any]], /) -> Any: ...
 
+    def execute_each(self, sql: str, params: Sequence[Sequence[Any]], /) -> list[Any]:
+        """Run the statement once per parameter row; the first result row of each run (or
+        None), in order. Drivers that can send them together do."""
+        ...
+
 
 Verified = tuple[T] | None
 """What a commit check found: ``(result,)`` when the transaction committed, else None."""
+
+
+CHUNK_ROWS = 100
+"""Rows per multi-row statement: under every database's parameter limit, and short enough
+for drivers to cache the statement text."""
+
+
+def _chunks(items: Sequence[T]) -> Iterator[Sequence[T]]:
+    for start in range(0, len(items), CHUNK_ROWS):
+        yield items[start : start + CHUNK_ROWS]
 
 
 def ts(moment: datetime) -> float:
@@ -259,11 +274,17 @@ class SqlStore:
             return
 
         def body(conn: Tx) -> None:
-            conn.executemany(
-                "INSERT INTO run_items (run_id, item_ref, occurrence_key, detail, scanned_at)"
-                " VALUES (?, ?, ?, ?, ?)",
-                [(e.run_id, e.item_ref, e.occurrence_key, e.detail, ts(now)) for e in entries],
-            )
+            for chunk in _chunks(entries):
+                marks = ", ".join(["(?, ?, ?, ?, ?)"] * len(chunk))
+                conn.execute(
+                    "INSERT INTO run_items (run_id, item_ref, occurrence_key, detail, scanned_at)"
+                    f" VALUES {marks}",
+                    [
+                        value
+                        for e in chunk
+                        for value in (e.run_id, e.item_ref, e.occurrence_key, e.detail, ts(now))
+                    ],
+                )
 
         def verify(conn: Tx) -> Verified[None]:
             # The rows are written all or none, and only by this call.
@@ -292,19 +313,23 @@ class SqlStore:
             (disposition.value, detail, detail, ts(now), run_id, item_ref),
         ).fetchone()
         if decided is None:
-            existing = conn.execute(
-                "SELECT disposition FROM run_items WHERE run_id = ? AND item_ref = ?",
-                (run_id, item_ref),
-            ).fetchone()
-            if existing is None:
-                raise StoreError(
-                    f"item {item_ref} was never recorded as scanned in run {run_id}; record "
-                    "the scan before deciding its disposition"
-                )
+            SqlStore._refuse_disposition(conn, run_id, item_ref)
+
+    @staticmethod
+    def _refuse_disposition(conn: Tx, run_id: str, item_ref: str) -> NoReturn:
+        existing = conn.execute(
+            "SELECT disposition FROM run_items WHERE run_id = ? AND item_ref = ?",
+            (run_id, item_ref),
+        ).fetchone()
+        if existing is None:
             raise StoreError(
-                f"item {item_ref} already has disposition {existing['disposition']} in run "
-                f"{run_id}; an item gets exactly one disposition per run"
+                f"item {item_ref} was never recorded as scanned in run {run_id}; record "
+                "the scan before deciding its disposition"
             )
+        raise StoreError(
+            f"item {item_ref} already has disposition {existing['disposition']} in run "
+            f"{run_id}; an item gets exactly one disposition per run"
+        )
 
     def record_disposition(
         self, run_id: str, item_ref: str, disposition: Disposition, detail: str, now: datetime
@@ -318,9 +343,28 @@ class SqlStore:
         if not decided:
             return
 
+        refs = [item_ref for item_ref, _, _ in decided]
+        if len(set(refs)) != len(refs):
+            twice = sorted({r for r in refs if refs.count(r) > 1})
+            raise StoreError(
+                f"items given two dispositions at once in run {run_id}: {', '.join(twice[:5])}"
+            )
+
         def body(conn: Tx) -> None:
-            for item_ref, disposition, detail in decided:
-                self._set_disposition(conn, run_id, item_ref, disposition, detail, now)
+            # One statement per item, each an exact primary-key lookup (a set-based update
+            # lets a planner with stale statistics scan the whole run for every batch).
+            firsts = conn.execute_each(
+                "UPDATE run_items SET disposition = ?, detail = CASE WHEN ? = '' THEN detail"
+                " ELSE ? END, decided_at = ? WHERE run_id = ? AND item_ref = ? AND"
+                " disposition IS NULL RETURNING item_ref",
+                [
+                    (disposition.value, detail, detail, ts(now), run_id, item_ref)
+                    for item_ref, disposition, detail in decided
+                ],
+            )
+            for (item_ref, _, _), first in zip(decided, firsts, strict=True):
+                if first is None:
+                    self._refuse_disposition(conn, run_id, item_ref)
 
         def verify(conn: Tx) -> Verified[None]:
             item_ref, disposition, _ = decided[0]
@@ -441,11 +485,17 @@ class SqlStore:
         if isinstance(draft, TaskDraft) and not known:
             fresh = self._new_task(draft, now)
 
+        # The claim names the task it works on: the thread's task if the thread has one,
+        # else the new task's id (a conflict below corrects it, in the same transaction).
+        work_key = draft.work_key if isinstance(draft, TaskDraft) else None
+        new_task_id = draft.task_id if isinstance(draft, TaskDraft) else None
+
         def body(conn: Tx) -> ClaimResult:
             row = conn.execute(
                 "INSERT INTO executions (key, service, holder, state, generation,"
-                " lease_expires_at, run_id, item_ref, claimed_at)"
-                " VALUES (?, ?, ?, 'CLAIMED', 1, ?, ?, ?, ?)"
+                " lease_expires_at, run_id, item_ref, claimed_at, task_id)"
+                " VALUES (?, ?, ?, 'CLAIMED', 1, ?, ?, ?, ?, coalesce((SELECT task_id FROM"
+                " task_threads WHERE work_key = ?), ?))"
                 " ON CONFLICT (key) DO NOTHING RETURNING *",
                 (
                     request.key,
@@ -455,6 +505,8 @@ class SqlStore:
                     request.run_id,
                     request.item_ref,
                     ts(now),
+                    work_key,
+                    new_task_id,
                 ),
             ).fetchone()
             taken_over = False
@@ -512,13 +564,19 @@ class SqlStore:
                     ),
                 )
             else:
+                claimed_task = row["task_id"]
+                # What the claim's insert found: the thread's task, or (its own new id) none.
+                found: str | None = None
+                if not taken_over:
+                    found = "" if claimed_task == draft.task_id else claimed_task
                 task, created = self._upsert_task(
-                    conn, draft, fresh or self._new_task(draft, now), now
+                    conn, draft, fresh or self._new_task(draft, now), now, found
                 )
-                row = conn.execute(
-                    "UPDATE executions SET task_id = ? WHERE key = ? RETURNING *",
-                    (task.task_id, request.key),
-                ).fetchone()
+                if claimed_task != task.task_id:
+                    row = conn.execute(
+                        "UPDATE executions SET task_id = ? WHERE key = ? RETURNING *",
+                        (task.task_id, request.key),
+                    ).fetchone()
             crashpoints.hit("after_task_write")
             return ClaimResult(
                 outcome=ClaimOutcome.CLAIMED,
@@ -569,13 +627,17 @@ class SqlStore:
         return ClaimOutcome.EXECUTION_ALREADY_CLAIMED
 
     @staticmethod
-    def _find_task_id(conn: Tx, draft: TaskDraft) -> tuple[str | None, bool]:
-        """The thread's task id, and whether it was found by the work key itself."""
-        row = conn.execute(
-            "SELECT task_id FROM task_threads WHERE work_key = ?", (draft.work_key,)
-        ).fetchone()
-        if row is not None:
-            return str(row["task_id"]), True
+    def _find_task_id(
+        conn: Tx, draft: TaskDraft, *, thread_read: bool = False
+    ) -> tuple[str | None, bool]:
+        """The thread's task id, and whether it was found by the work key itself
+        (``thread_read``: the caller already found no task by the work key)."""
+        if not thread_read:
+            row = conn.execute(
+                "SELECT task_id FROM task_threads WHERE work_key = ?", (draft.work_key,)
+            ).fetchone()
+            if row is not None:
+                return str(row["task_id"]), True
         if not draft.link_message_ids:
             return None, False
         marks = ",".join("?" for _ in draft.link_message_ids)
@@ -616,9 +678,19 @@ class SqlStore:
         return task, task.model_dump_json()
 
     def _upsert_task(
-        self, conn: Tx, draft: TaskDraft, fresh: tuple[Task, str], now: datetime
+        self,
+        conn: Tx,
+        draft: TaskDraft,
+        fresh: tuple[Task, str],
+        now: datetime,
+        thread_task: str | None = None,
     ) -> tuple[Task, bool]:
-        task_id, by_work_key = self._find_task_id(conn, draft)
+        """Create the thread's task or add the message to it. ``thread_task`` is what this
+        transaction already read of the thread: its task id, "" for no task, None unread."""
+        if thread_task:
+            task_id, by_work_key = thread_task, True
+        else:
+            task_id, by_work_key = self._find_task_id(conn, draft, thread_read=thread_task == "")
         if task_id is None:
             task, record = fresh
             self._insert_task(conn, task, record)

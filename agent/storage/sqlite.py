@@ -10,7 +10,7 @@ from __future__ import annotations
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -68,6 +68,22 @@ def begin_immediate(conn: sqlite3.Connection, path: Path) -> None:
         raise
 
 
+class _Tx:
+    """The Tx protocol on the store's SQLite connection."""
+
+    def __init__(self, conn: sqlite3.Connection) -> None:
+        self._conn = conn
+
+    def execute(self, sql: str, params: Sequence[Any] = (), /) -> sqlite3.Cursor:
+        return self._conn.execute(sql, params)
+
+    def executemany(self, sql: str, params: Iterable[Sequence[Any]], /) -> sqlite3.Cursor:
+        return self._conn.executemany(sql, params)
+
+    def execute_each(self, sql: str, params: Sequence[Sequence[Any]], /) -> list[Any]:
+        return [self._conn.execute(sql, row).fetchone() for row in params]
+
+
 class SqliteStore(SqlStore):
     """The Store port on one SQLite database file (thread-safe per instance)."""
 
@@ -77,6 +93,7 @@ class SqliteStore(SqlStore):
         self._lock = threading.RLock()
         self._conn = connect(path)
         self._conn.row_factory = sqlite3.Row
+        self._tx = _Tx(self._conn)
         self._write(lambda conn: self._apply_migrations(conn, str(path)), None)
 
     def close(self) -> None:
@@ -90,7 +107,7 @@ class SqliteStore(SqlStore):
         with self._lock:
             begin_immediate(self._conn, self.path)
             try:
-                result = body(self._conn)
+                result = body(self._tx)
                 self._conn.execute("COMMIT")
             except BaseException:
                 if self._conn.in_transaction:  # SQLite may have rolled back already

@@ -23,10 +23,8 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, LiteralString, cast
-from urllib.parse import urlsplit
 
 import psycopg
-from psycopg import errors as pg_errors
 from psycopg.conninfo import conninfo_to_dict
 from psycopg.rows import DictRow, dict_row
 from psycopg_pool import ConnectionPool
@@ -67,12 +65,20 @@ def redacted(url: str) -> str:
     return " ".join(shown) or "defaults"
 
 
+_URL_PASSWORD = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://[^@/?#]*?:([^@]*)@")
+_KEYWORD_PASSWORD = re.compile(r"\bpassword\s*=\s*('(?:[^'\\]|\\.)*'|\S+)")
+
+
 def _scrub(message: str, url: str) -> str:
-    try:
-        password = urlsplit(url).password
-    except ValueError:
-        password = None
-    return message.replace(password, "***") if password else message
+    """One line of ``message`` with the URL and any password in it blanked out. Parsing is
+    by pattern, not by a URL parser: a URL that does not parse must not leak either."""
+    secrets = [m.group(1) for m in (_URL_PASSWORD.match(url),) if m and m.group(1)]
+    secrets += [m.group(1).strip("'") for m in _KEYWORD_PASSWORD.finditer(url)]
+    line = " ".join(message.split())
+    line = line.replace(url, "<the URL>") if url else line
+    for secret in secrets:
+        line = line.replace(secret, "***")
+    return line
 
 
 _PLACEHOLDERS: dict[str, LiteralString] = {}
@@ -110,6 +116,18 @@ class _Tx:
     def executemany(self, sql: str, params: Iterable[Sequence[Any]], /) -> Any:
         with self._conn.cursor() as cur:
             cur.executemany(_pg(sql), list(params))
+
+    def execute_each(self, sql: str, params: Sequence[Sequence[Any]], /) -> list[Any]:
+        if not params:
+            return []
+        firsts: list[Any] = []
+        with self._conn.cursor() as cur:
+            cur.executemany(_pg(sql), params, returning=True)
+            while True:
+                firsts.append(cur.fetchone())
+                if not cur.nextset():
+                    break
+        return firsts
 
 
 class PostgresStore(SqlStore):
@@ -152,24 +170,28 @@ class PostgresStore(SqlStore):
         self._write(self._migrate, None)
 
     def _probe(self, kwargs: dict[str, Any]) -> None:
-        """Fail at start, naming the setting, when the URL is wrong or the server is down."""
+        """Fail at start, naming the setting, when the URL is wrong or the server is down.
+        The driver's own exception is not chained: its text may quote the URL."""
+        problem: str | None = None
         try:
             conninfo_to_dict(self._url)
         except psycopg.Error as exc:
-            raise StoreError(
+            problem = (
                 f"{DATABASE_URL_SETTING} is not a valid PostgreSQL URL: "
                 f"{_scrub(str(exc), self._url)}; expected postgresql://user@host:port/dbname"
-            ) from None
-        try:
-            with psycopg.connect(self._url, **kwargs) as conn:
-                conn.execute("SELECT 1")
-        except psycopg.Error as exc:
-            reason = _scrub(str(exc).strip().splitlines()[0] if str(exc).strip() else "", self._url)
-            raise StoreError(
-                f"{DATABASE_URL_SETTING} names a PostgreSQL server that cannot be used "
-                f"({self.where}): {reason}; check that the server runs and the URL's host, "
-                "port, database and credentials are right"
-            ) from None
+            )
+        if problem is None:
+            try:
+                with psycopg.connect(self._url, **kwargs) as conn:
+                    conn.execute("SELECT 1")
+            except psycopg.Error as exc:
+                problem = (
+                    f"{DATABASE_URL_SETTING} names a PostgreSQL server that cannot be used "
+                    f"({self.where}): {_scrub(str(exc), self._url)}; check that the server "
+                    "runs and the URL's host, port, database and credentials are right"
+                )
+        if problem is not None:
+            raise StoreError(problem)
 
     def _migrate(self, conn: Tx) -> None:
         conn.execute(f"SELECT pg_advisory_xact_lock({MIGRATION_LOCK})")
@@ -264,10 +286,10 @@ class PostgresStore(SqlStore):
                 "SELECT c.oid AS oid, c.relname AS name FROM pg_index i"
                 " JOIN pg_class c ON c.oid = i.indexrelid JOIN pg_am a ON a.oid = c.relam"
                 " JOIN pg_namespace n ON n.oid = c.relnamespace"
-                " WHERE n.nspname = current_schema() AND a.amname = 'btree'"
+                " WHERE n.nspname = current_schema() AND a.amname = 'btree' AND i.indisvalid"
             ):
                 try:
                     self._read(check, (r["oid"],))
-                except pg_errors.IndexCorrupted as exc:
-                    problems.append(f"index {r['name']}: {exc}")
+                except psycopg.DatabaseError as exc:
+                    problems.append(f"index {r['name']}: {' '.join(str(exc).split())}")
         return "ok" if not problems else "; ".join(problems)
