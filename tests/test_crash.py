@@ -24,8 +24,11 @@ import pytest
 from agent import crashpoints
 from agent.domain.execution import ExecutionState
 from agent.domain.states import TaskState
+from agent.ports import Store
 from agent.services import workspaces
 from agent.services.holder import holder_alive
+from agent.storage.backend import DATABASE_URL_SETTING
+from agent.storage.postgres import PostgresStore
 from agent.storage.sqlite import SqliteStore
 from tests.conftest import REPORTED, context_yaml
 
@@ -35,10 +38,15 @@ WS = "ws-crash"
 
 
 class World:
-    """A data directory, a Maildir that keeps receiving mail, and worker processes."""
+    """A data directory, a Maildir that keeps receiving mail, and worker processes.
 
-    def __init__(self, root: Path) -> None:
+    With ``database_url`` the store is that PostgreSQL database (workers get it as
+    OUTLOOP_DATABASE_URL); without it, SQLite in the data directory.
+    """
+
+    def __init__(self, root: Path, database_url: str | None = None) -> None:
         self.root = root
+        self.database_url = database_url
         self.data_dir = workspaces.DataDir(root / "station")
         self.maildir = root / "Maildir"
         self.box = mailbox.Maildir(str(self.maildir), create=True)
@@ -47,7 +55,7 @@ class World:
         self.rng = random.Random(7)
         ctx = root / "context.yaml"
         ctx.write_text(context_yaml(WS, provider="maildir", path=str(self.maildir)))
-        store = SqliteStore(self.data_dir.database)
+        store = self.store()
         try:
             workspaces.add_workspace(store, self.data_dir, ctx, _now())
         finally:
@@ -81,13 +89,17 @@ class World:
         env = {k: v for k, v in os.environ.items() if not k.startswith("OUTLOOP_")}
         if crash:
             env["OUTLOOP_CRASHPOINT"] = crash
+        if self.database_url is not None:
+            env[DATABASE_URL_SETTING] = self.database_url
         return subprocess.Popen(
             [sys.executable, "-m", "mcp_server.cli", "run", "--workspace", WS, "--once",
              "--quiet", "--json", "--data-dir", str(self.data_dir.root)],
             env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
         )  # fmt: skip
 
-    def store(self) -> SqliteStore:
+    def store(self) -> Store:
+        if self.database_url is not None:
+            return PostgresStore(self.database_url)
         return SqliteStore(self.data_dir.database)
 
 
