@@ -31,7 +31,7 @@ from agent.domain.records import (
     TaskDraft,
     WorkspaceRow,
 )
-from agent.domain.run import LedgerEntry, Reconciliation
+from agent.domain.run import LedgerEntry, OpenRun, Reconciliation
 from agent.domain.states import TaskState
 from agent.domain.task import Task
 
@@ -97,9 +97,21 @@ class Store(TaskBoard, Protocol):
     def bindings_for_mailbox(self, provider: str, mailbox_id: str) -> list[Binding]: ...
 
     # run ledger
-    def start_run(self, run_id: str, scope: str, holder: str, started_at: datetime) -> None: ...
-    def unreconciled_runs(self, scope: str) -> list[tuple[str, str]]:
-        """(run_id, holder) of the scope's runs that were never reconciled."""
+    def start_run(
+        self,
+        run_id: str,
+        scope: str,
+        holder: str,
+        started_at: datetime,
+        lease_expires_at: datetime | None = None,
+    ) -> None: ...
+    def renew_run(self, run_id: str, holder: str, lease_expires_at: datetime) -> bool:
+        """Extend the holder's lease on its open run; False if the run is no longer its
+        own open run (another worker reconciled it after the lease ran out)."""
+        ...
+
+    def unreconciled_runs(self, scope: str) -> list[OpenRun]:
+        """The scope's runs that were never reconciled, oldest first."""
         ...
 
     def record_scanned(self, entries: Sequence[LedgerEntry], now: datetime) -> None: ...

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import sys
 import tempfile
@@ -61,6 +62,9 @@ def _open_station(root: Path) -> Station:
 @click.version_option(package_name="outloop")
 def main() -> None:
     """Outloop: the email workstation for AI agents and operators."""
+    # The PostgreSQL driver's pool logs every connection it discards after a fault as a
+    # warning; the store retries those faults itself and reports what it could not survive.
+    logging.getLogger("psycopg").setLevel(logging.ERROR)
     spec = os.environ.get("OUTLOOP_CRASHPOINT")
     if spec:  # test-only switch used by the crash tests
         crashpoints.arm_from_spec(spec)

@@ -66,6 +66,11 @@ class Tally:
         )
 
 
+def _open(store: Store) -> list[tuple[str, str]]:
+    """(run_id, holder) of the workspace's runs not yet reconciled."""
+    return [(r.run_id, r.holder) for r in store.unreconciled_runs(WS)]
+
+
 def _holder_pid(holder: str) -> int | None:
     """The pid in a holder ``host/pid-namespace/pid/start-ticks/nonce``."""
     parts = holder.split("/")
@@ -90,7 +95,7 @@ def _claiming_moment(
     deadline = time.monotonic() + PHASE_TIMEOUT_S
     while True:
         assert time.monotonic() < deadline, f"no worker was claiming within {PHASE_TIMEOUT_S} s"
-        runs = {_holder_pid(holder): run_id for run_id, holder in store.unreconciled_runs(WS)}
+        runs = {_holder_pid(holder): run_id for run_id, holder in _open(store)}
         seen |= {pid for pid in runs if pid is not None}
         live = [p for p in procs if p.poll() is None]
         if not live:
@@ -105,7 +110,7 @@ def _claiming_moment(
     for _ in range(rng.randint(0, 8)):
         _pause_on(procs)
     live_pids = {p.pid for p in procs if p.poll() is None}
-    return any(_holder_pid(holder) in live_pids for _, holder in store.unreconciled_runs(WS))
+    return any(_holder_pid(holder) in live_pids for _, holder in _open(store))
 
 
 def _inject(

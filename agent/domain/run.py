@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import datetime
 
 from pydantic import BaseModel, ConfigDict
@@ -19,6 +20,22 @@ class LedgerEntry(BaseModel):
     occurrence_key: str | None = None
     disposition: Disposition | None = None
     detail: str = ""
+
+
+class OpenRun(BaseModel):
+    """A run not yet reconciled: who holds it, and until when its lease runs."""
+
+    model_config = ConfigDict(frozen=True)
+
+    run_id: str
+    holder: str
+    lease_expires_at: datetime | None = None
+
+    def stale(self, now: datetime, holder_alive: Callable[[str], bool]) -> bool:
+        """A run is left to reconcile when its holder is provably dead (same host), or
+        when its lease ran out (any host: a worker renews its run's lease while it works)."""
+        expired = self.lease_expires_at is not None and self.lease_expires_at <= now
+        return expired or not holder_alive(self.holder)
 
 
 class Reconciliation(BaseModel):

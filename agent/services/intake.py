@@ -17,6 +17,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import timedelta
 
 from agent import crashpoints
 from agent.domain.context import MailboxBinding, StationConfig, WorkspaceContext
@@ -45,6 +46,10 @@ from agent.services.workspaces import DataDir, candidates, load_context, load_st
 SERVICE = "email-intake"
 STATION_SCOPE = "station"
 RACE_BATCH = 256
+RUN_LEASE = timedelta(minutes=15)
+"""How long a run stays its worker's without renewal. A worker renews it as it goes; a run
+whose lease ran out (its machine died, or stalled that long) is reconciled by the next run of
+the scope on any machine."""
 
 
 @dataclass(frozen=True)
@@ -122,10 +127,11 @@ async def run_cycle(
     result = RunResult(run_id=run_id, workspace_id=workspace_id)
     # Runs whose worker died before reconciling are reconciled now, so every scanned item
     # of every run ends with exactly one outcome.
-    for stale_id, stale_holder in store.unreconciled_runs(workspace_id):
-        if not holder_alive(stale_holder):
-            result.reconciled_stale.append(store.reconcile(stale_id, clock.now()))
-    store.start_run(run_id, workspace_id, holder, clock.now())
+    for open_run in store.unreconciled_runs(workspace_id):
+        if open_run.stale(clock.now(), holder_alive):
+            result.reconciled_stale.append(store.reconcile(open_run.run_id, clock.now()))
+    renewed_at = clock.now()
+    store.start_run(run_id, workspace_id, holder, renewed_at, renewed_at + RUN_LEASE)
 
     # 1. Preflight first; a failure gates the work on each item, never detection.
     preflights = {
@@ -171,6 +177,13 @@ async def run_cycle(
     # batches (a worker that dies before a batch leaves those items to reconciliation).
     race: list[tuple[str, Disposition, str]] = []
     for index, plan in enumerate(planned, start=1):
+        if clock.now() - renewed_at > RUN_LEASE / 3:
+            renewed_at = clock.now()
+            if not store.renew_run(run_id, holder, renewed_at + RUN_LEASE):
+                raise StoreError(
+                    f"run {run_id} was reconciled by another worker after its lease ran out; "
+                    "this worker stops here (each claim's execution record still governs it)"
+                )
         request = ClaimRequest(
             key=plan.key,
             service=SERVICE,

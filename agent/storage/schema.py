@@ -111,4 +111,11 @@ MIGRATIONS: tuple[tuple[int, tuple[str, ...]], ...] = (
             )""",
         ),
     ),
+    (
+        2,
+        (
+            # Runs on other machines: a run whose lease ran out may be reconciled by anyone.
+            "ALTER TABLE runs ADD COLUMN lease_expires_at REAL",
+        ),
+    ),
 )

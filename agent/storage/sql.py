@@ -37,7 +37,7 @@ from agent.domain.records import (
     WorkspaceRow,
 )
 from agent.domain.reporting import apply_report, readiness
-from agent.domain.run import LedgerEntry, Reconciliation
+from agent.domain.run import LedgerEntry, OpenRun, Reconciliation
 from agent.domain.states import TERMINAL_STATES, TaskState, check_transition
 from agent.domain.task import Task
 from agent.storage.schema import MIGRATIONS
@@ -242,11 +242,21 @@ class SqlStore:
 
     # -- run ledger -------------------------------------------------------------------------
 
-    def start_run(self, run_id: str, scope: str, holder: str, started_at: datetime) -> None:
+    def start_run(
+        self,
+        run_id: str,
+        scope: str,
+        holder: str,
+        started_at: datetime,
+        lease_expires_at: datetime | None = None,
+    ) -> None:
+        lease = None if lease_expires_at is None else ts(lease_expires_at)
+
         def body(conn: Tx) -> None:
             conn.execute(
-                "INSERT INTO runs (run_id, scope, holder, started_at) VALUES (?, ?, ?, ?)",
-                (run_id, scope, holder, ts(started_at)),
+                "INSERT INTO runs (run_id, scope, holder, started_at, lease_expires_at)"
+                " VALUES (?, ?, ?, ?, ?)",
+                (run_id, scope, holder, ts(started_at), lease),
             )
 
         def verify(conn: Tx) -> Verified[None]:
@@ -257,13 +267,29 @@ class SqlStore:
 
         self._write(body, verify)
 
-    def unreconciled_runs(self, scope: str) -> list[tuple[str, str]]:
+    def renew_run(self, run_id: str, holder: str, lease_expires_at: datetime) -> bool:
+        def body(conn: Tx) -> bool:
+            row = conn.execute(
+                "UPDATE runs SET lease_expires_at = ? WHERE run_id = ? AND holder = ?"
+                " AND reconciled_at IS NULL RETURNING run_id",
+                (ts(lease_expires_at), run_id, holder),
+            ).fetchone()
+            return row is not None
+
+        return self._write(body, None)  # setting the same lease again changes nothing
+
+    def unreconciled_runs(self, scope: str) -> list[OpenRun]:
         rows = self._read(
-            "SELECT run_id, holder FROM runs WHERE reconciled_at IS NULL AND scope = ?"
-            " ORDER BY started_at",
+            "SELECT run_id, holder, lease_expires_at FROM runs WHERE reconciled_at IS NULL"
+            " AND scope = ? ORDER BY started_at, run_id",
             (scope,),
         )
-        return [(str(r["run_id"]), str(r["holder"])) for r in rows]
+        return [
+            OpenRun(
+                run_id=r["run_id"], holder=r["holder"], lease_expires_at=dt(r["lease_expires_at"])
+            )
+            for r in rows
+        ]
 
     def record_scanned(self, entries: Sequence[LedgerEntry], now: datetime) -> None:
         refs = [e.item_ref for e in entries]

@@ -5,16 +5,19 @@ from __future__ import annotations
 import socket
 import textwrap
 from collections.abc import Callable
+from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from agent.domain.dispositions import Disposition, GateKind
 from agent.domain.envelope import Address
 from agent.domain.errors import RegistryError
+from agent.domain.run import LedgerEntry
 from agent.domain.states import TaskState
 from agent.providers.maildir import MaildirProvider
-from agent.services import workspaces
+from agent.services import intake, workspaces
 from agent.services.holder import _pid_namespace
 from agent.storage.sqlite import SqliteStore
 from agent.testing import FrozenClock, InMemoryProvider, make_envelope
@@ -273,4 +276,62 @@ async def test_a_new_run_reconciles_the_open_runs_of_dead_workers(
     result = await cycle(station_store, data_dir, ws, clock, InMemoryProvider(MAILBOX))
     assert [r.run_id for r in result.reconciled_stale] == ["run-dead"]
     # A run held on another machine cannot be proven dead from here: it stays open.
-    assert station_store.unreconciled_runs(ws) == [("run-elsewhere", "another-host.test/1/1/x")]
+    [elsewhere] = station_store.unreconciled_runs(ws)
+    assert (elsewhere.run_id, elsewhere.holder) == ("run-elsewhere", "another-host.test/1/1/x")
+
+
+async def test_a_run_on_another_machine_is_reconciled_once_its_lease_ran_out(
+    station_store: SqliteStore,
+    data_dir: workspaces.DataDir,
+    clock: FrozenClock,
+    register: Callable[[str], str],
+) -> None:
+    ws = register(context_yaml())
+    other = "another-host.test/1/1/x"
+    start = clock.now()
+    station_store.start_run("run-leased", ws, other, start, start + intake.RUN_LEASE)
+    station_store.record_scanned([LedgerEntry(run_id="run-leased", item_ref="a")], start)
+    first = await cycle(station_store, data_dir, ws, clock, InMemoryProvider(MAILBOX))
+    assert first.reconciled_stale == []  # its lease still runs: the other machine works on
+    clock.advance(minutes=14)
+    assert station_store.renew_run("run-leased", other, clock.now() + intake.RUN_LEASE)
+    clock.advance(minutes=14)
+    second = await cycle(station_store, data_dir, ws, clock, InMemoryProvider(MAILBOX))
+    assert second.reconciled_stale == []  # renewed in time
+    clock.advance(minutes=2)
+    third = await cycle(station_store, data_dir, ws, clock, InMemoryProvider(MAILBOX))
+    [stale] = third.reconciled_stale
+    assert stale.run_id == "run-leased" and stale.reconciliation_failed == 1
+    # The machine that lost its run can no longer renew it.
+    assert not station_store.renew_run("run-leased", other, clock.now() + intake.RUN_LEASE)
+
+
+async def test_a_long_run_renews_its_own_lease_as_it_goes(
+    station_store: SqliteStore,
+    data_dir: workspaces.DataDir,
+    clock: FrozenClock,
+    register: Callable[[str], str],
+) -> None:
+    ws = register(context_yaml())
+    box = InMemoryProvider(MAILBOX)
+    for n in range(1, 4):
+        box.deliver(make_envelope(mailbox_id=MAILBOX, message_no=n, thread_no=n))
+    renewals: list[datetime] = []
+    real_claim = station_store.claim
+
+    def slow_claim(*args: Any, **kwargs: Any) -> Any:
+        clock.advance(minutes=6)  # every item takes six minutes of the run's lease
+        return real_claim(*args, **kwargs)
+
+    real_renew = station_store.renew_run
+
+    def renew(run_id: str, holder: str, until: datetime) -> bool:
+        renewals.append(until)
+        return real_renew(run_id, holder, until)
+
+    setattr(station_store, "claim", slow_claim)  # noqa: B010
+    setattr(station_store, "renew_run", renew)  # noqa: B010
+    result = await cycle(station_store, data_dir, ws, clock, box)
+    assert result.reconciliation is not None and result.reconciliation.clean
+    assert len(renewals) == 2  # before the second and the third item (6 and 12 minutes in)
+    assert renewals == sorted(renewals)

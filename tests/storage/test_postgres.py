@@ -29,6 +29,7 @@ from agent.domain.errors import StoreError
 from agent.domain.execution import ClaimOutcome, ExecutionState
 from agent.storage.backend import DATABASE_URL_SETTING, open_store
 from agent.storage.postgres import PostgresStore
+from agent.storage.postgres import store as pg_store_module
 from agent.storage.schema import MIGRATIONS
 from agent.testing import FrozenClock
 from bench.pg_cluster import ThrowawayCluster
@@ -228,6 +229,34 @@ def test_terminated_backends_are_retried_and_the_store_keeps_working(
         assert (counts["executions"], counts["tasks"]) == (2, 2)
     finally:
         store.close()
+
+
+def test_a_server_shutting_down_is_waited_for_and_a_refused_connection_is_not(
+    fault_cluster: ThrowawayCluster, closed_port: int
+) -> None:
+    # A smart shutdown waits for the open session; meanwhile the server answers every new
+    # connection with "the database system is shutting down" - a restart in progress.
+    held = psycopg.connect(fault_cluster.url, autocommit=True)
+    stopping = threading.Thread(target=fault_cluster.stop, args=("smart",))
+    stopping.start()
+    try:
+        shutting_down: psycopg.OperationalError | None = None
+        for _ in range(500):  # bounded: the shutdown begins within moments
+            try:
+                psycopg.connect(fault_cluster.url, connect_timeout=2).close()
+            except psycopg.OperationalError as exc:
+                shutting_down = exc
+                break
+            stopping.join(timeout=0.01)
+        assert shutting_down is not None and "shutting down" in str(shutting_down)
+        assert pg_store_module._is_restarting(shutting_down)  # pyright: ignore[reportPrivateUsage]
+    finally:
+        held.close()
+        stopping.join(timeout=60)
+        fault_cluster.start()
+    with pytest.raises(psycopg.OperationalError) as refused:
+        psycopg.connect(f"postgresql://u@127.0.0.1:{closed_port}/db", connect_timeout=2)
+    assert not pg_store_module._is_restarting(refused.value)  # pyright: ignore[reportPrivateUsage]
 
 
 def test_a_full_server_restart_is_survived_and_committed_data_is_intact(

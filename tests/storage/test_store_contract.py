@@ -495,7 +495,29 @@ def test_unreconciled_runs_lists_open_runs_of_the_scope_with_their_holder(
     open_run, done_run = h.run(e), h.run(e)
     h.store.reconcile(done_run, clock.now())
     h.store.start_run("run-other-scope", "ws-other", DEAD, clock.now())
-    assert h.store.unreconciled_runs(WS) == [(open_run, ALIVE)]
+    assert [(r.run_id, r.holder, r.lease_expires_at) for r in h.store.unreconciled_runs(WS)] == [
+        (open_run, ALIVE, None)
+    ]
+
+
+def test_a_run_lease_is_kept_renewed_by_its_holder_only_until_it_is_reconciled(
+    store: Store, clock: FrozenClock
+) -> None:
+    lease = clock.now() + timedelta(minutes=15)
+    store.start_run("run-leased", WS, ALIVE, clock.now(), lease)
+    [run] = store.unreconciled_runs(WS)
+    assert run.lease_expires_at == lease
+    assert not run.stale(clock.now(), alive)
+    assert run.stale(lease, alive)  # the lease ran out
+    assert run.stale(clock.now(), lambda _holder: False)  # the holder is provably dead
+    later = lease + timedelta(minutes=10)
+    assert not store.renew_run("run-leased", DEAD, later)  # only the holder renews
+    assert store.renew_run("run-leased", ALIVE, later)
+    [run] = store.unreconciled_runs(WS)
+    assert run.lease_expires_at == later and not run.stale(lease, alive)
+    store.reconcile("run-leased", clock.now())
+    assert not store.renew_run("run-leased", ALIVE, later + timedelta(minutes=10))
+    assert store.unreconciled_runs(WS) == []
 
 
 # -- reports keep the lifecycle's rules whatever order they arrive in ----------------------

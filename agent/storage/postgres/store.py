@@ -81,6 +81,20 @@ def _scrub(message: str, url: str) -> str:
     return line
 
 
+RESTARTING = ("57P03", "57P01", "57P02")
+"""cannot_connect_now (starting up, shutting down, in recovery), admin and crash shutdown."""
+
+
+def _is_restarting(exc: psycopg.Error) -> bool:
+    if exc.sqlstate in RESTARTING:
+        return True
+    # A failed connection attempt carries the server's FATAL message but no SQLSTATE.
+    text = str(exc)
+    return any(
+        phrase in text for phrase in ("is starting up", "is shutting down", "is in recovery mode")
+    )
+
+
 _PLACEHOLDERS: dict[str, LiteralString] = {}
 
 
@@ -180,11 +194,20 @@ class PostgresStore(SqlStore):
                 f"{DATABASE_URL_SETTING} is not a valid PostgreSQL URL: "
                 f"{_scrub(str(exc), self._url)}; expected postgresql://user@host:port/dbname"
             )
-        if problem is None:
+        deadline = time.monotonic() + self.retry.deadline_s
+        attempt = 0
+        while problem is None:
+            attempt += 1
             try:
                 with psycopg.connect(self._url, **kwargs) as conn:
                     conn.execute("SELECT 1")
+                break
             except psycopg.Error as exc:
+                # A server that is starting up or shutting down answers, and says so: wait
+                # for it. Anything else (refused, unknown host, bad credentials) fails now.
+                if _is_restarting(exc) and time.monotonic() < deadline:
+                    time.sleep(self.retry.backoff(attempt))
+                    continue
                 problem = (
                     f"{DATABASE_URL_SETTING} names a PostgreSQL server that cannot be used "
                     f"({self.where}): {_scrub(str(exc), self._url)}; check that the server "
