@@ -44,7 +44,7 @@ from agent.domain.context import MailboxBinding
 from agent.domain.dispositions import Disposition
 from agent.domain.envelope import occurrence_key
 from agent.domain.errors import StoreError
-from agent.domain.execution import ClaimOutcome
+from agent.domain.execution import ClaimOutcome, ExecutionRecord
 from agent.domain.records import ClaimRequest, ClaimResult, EscalationDraft, TaskDraft
 from agent.domain.run import LedgerEntry
 from agent.ports import MailProvider, Store
@@ -74,24 +74,27 @@ kpis: {{official: {{first_response_hours: 8}}}}
 
 
 class ClaimTimer:
-    """Times every claim call of one store and counts the ones that failed."""
+    """Times every call of the claim service in this worker process (won or lost, however
+    it was decided) and counts the ones that failed."""
 
-    def __init__(self, store: Store) -> None:
+    def __init__(self) -> None:
         self.latencies: list[float] = []
         self.busy_errors = 0
-        self._claim = store.claim
-        setattr(store, "claim", self.claim)  # noqa: B010 - wraps this one instance's method
+        self._claim_occurrence = claim.claim_occurrence
+        setattr(claim, "claim_occurrence", self.claim_occurrence)  # noqa: B010 - this process only
 
-    def claim(
+    def claim_occurrence(
         self,
+        store: Store,
         request: ClaimRequest,
-        draft: TaskDraft | EscalationDraft,
+        make_draft: Callable[[], TaskDraft | EscalationDraft],
         now: datetime,
-        holder_alive: Callable[[str], bool],
+        *,
+        seen: tuple[ExecutionRecord | None] | None = None,
     ) -> ClaimResult:
         started = time.perf_counter()
         try:
-            return self._claim(request, draft, now, holder_alive)
+            return self._claim_occurrence(store, request, make_draft, now, seen=seen)
         except StoreError:
             self.busy_errors += 1
             raise
@@ -103,27 +106,29 @@ def _open(url: str | None, data_dir: workspaces.DataDir) -> Store:
     return PostgresStore(url) if url else SqliteStore(data_dir.database)
 
 
-def _wait_for(go: Path) -> None:
-    deadline = time.monotonic() + 120
-    while not go.exists():
-        if time.monotonic() > deadline:
-            raise SystemExit("bench worker: the start signal never came")
-        time.sleep(0.002)
+def _ready_then_wait_for_go() -> None:
+    """Tell the parent this worker is set up, and block until every worker is: start-up
+    (imports, building the mailbox) never runs inside the measured window."""
+    sys.stdout.write("ready\n")
+    sys.stdout.flush()
+    if sys.stdin.readline().strip() != "go":
+        raise SystemExit("bench worker: the parent went away before the start")
 
 
-def _wait_for_all(go: Path, workers: int) -> None:
-    deadline = time.monotonic() + 3600
-    while len(list(go.parent.glob(f"{go.name}.done-*"))) < workers:
-        if time.monotonic() > deadline:
-            raise SystemExit("bench worker: the other workers never finished")
-        time.sleep(0.005)
+def _report_then_wait_for_release(result: dict[str, Any]) -> None:
+    """Hand the result over, and stay alive until the parent has every worker's result:
+    a finished worker's unreported claims would otherwise (rightly) be taken over as a dead
+    holder's. Blocking on stdin costs no CPU while the others still work."""
+    sys.stdout.write(json.dumps(result) + "\n")
+    sys.stdout.flush()
+    sys.stdin.readline()
 
 
 def _claims_worker(args: argparse.Namespace) -> dict[str, Any]:
     root = Path(args.dir)
     data_dir = workspaces.DataDir(root)
     store = _open(args.url, data_dir)
-    timer = ClaimTimer(store)
+    timer = ClaimTimer()
     box = synthetic_mailbox(MAILBOX, args.items, args.per_thread)
     random.Random(args.seed).shuffle(box.inbox)
 
@@ -131,9 +136,10 @@ def _claims_worker(args: argparse.Namespace) -> dict[str, Any]:
         del binding
         return box
 
-    _wait_for(Path(args.go))
+    _ready_then_wait_for_go()
     started = time.perf_counter()
     wall_start = time.time()
+    cpu_start = time.process_time()
     if args.mode == "intake":
         result = anyio.run(
             lambda: intake.run_cycle(
@@ -151,10 +157,7 @@ def _claims_worker(args: argparse.Namespace) -> dict[str, Any]:
         outcomes = _claim_all(store, box)
         clean, scanned = True, len(outcomes)
     elapsed = time.perf_counter() - started
-    # Stay alive until every worker is done: a finished worker's unreported claims would
-    # otherwise (rightly) be taken over as a dead holder's.
-    Path(f"{args.go}.done-{args.seed}").touch()
-    _wait_for_all(Path(args.go), args.workers)
+    cpu = time.process_time() - cpu_start
     counts: dict[str, int] = {}
     for name in outcomes:
         counts[name] = counts.get(name, 0) + 1
@@ -168,6 +171,7 @@ def _claims_worker(args: argparse.Namespace) -> dict[str, Any]:
         "latencies_ms": [round(x * 1000, 4) for x in timer.latencies],
         "busy_errors": timer.busy_errors,
         "retries": retries,
+        "cpu_s": cpu,
         "clean": clean,
         "scanned": scanned,
     }
@@ -192,7 +196,8 @@ def _claim_all(store: Store, box: InMemoryProvider) -> list[str]:
     )
     outcomes: list[str] = []
     race: list[tuple[str, Disposition, str]] = []
-    for envelope, key in zip(envelopes, keys, strict=True):
+    lookahead = claim.Lookahead(store, keys)
+    for index, (envelope, key) in enumerate(zip(envelopes, keys, strict=True)):
         now = clock.now()
         request = ClaimRequest(
             key=key,
@@ -202,7 +207,11 @@ def _claim_all(store: Store, box: InMemoryProvider) -> list[str]:
             item_ref=envelope.provider_message_id,
         )
         result = claim.claim_occurrence(
-            store, request, claim.task_draft(context, envelope, key, owner, now), now
+            store,
+            request,
+            lambda: claim.task_draft(context, envelope, key, owner, now),  # noqa: B023 - called at once
+            now,
+            seen=lookahead.seen(index),
         )
         outcomes.append(result.outcome.value)
         if result.outcome is not ClaimOutcome.CLAIMED:
@@ -216,7 +225,7 @@ def _insert_worker(args: argparse.Namespace) -> dict[str, Any]:
         return _pg_insert_worker(args)
     db = Path(args.db)
     conn = connect(db)  # exactly the store's connection settings
-    _wait_for(Path(args.go))
+    _ready_then_wait_for_go()
     start = time.time()
     for n in range(args.items):
         begin_immediate(conn, db)
@@ -233,7 +242,7 @@ def _pg_insert_worker(args: argparse.Namespace) -> dict[str, Any]:
     keys = [f"k-{n}" for n in range(args.items)]
     random.Random(args.seed).shuffle(keys)
     with psycopg.connect(args.url, autocommit=True) as conn:
-        _wait_for(Path(args.go))
+        _ready_then_wait_for_go()
         start = time.time()
         for key in keys:
             conn.execute(
@@ -244,26 +253,45 @@ def _pg_insert_worker(args: argparse.Namespace) -> dict[str, Any]:
     return {"start": start, "end": end, "attempts": args.items}
 
 
-def _spawn(role: str, count: int, extra: list[str], go: Path) -> list[dict[str, Any]]:
-    """Start ``count`` workers, release them together, and collect their JSON results."""
+def _spawn(role: str, count: int, extra: list[str]) -> list[dict[str, Any]]:
+    """Start ``count`` workers, release them together once all are set up, and collect
+    their JSON results; then let them exit."""
     procs = [
         subprocess.Popen(
-            [sys.executable, "-m", "bench.claims", role, "--go", str(go), "--seed", str(i), *extra],
+            [sys.executable, "-m", "bench.claims", role, "--seed", str(i), *extra],
+            stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             text=True,
         )
         for i in range(count)
     ]
-    go.touch()
-    results: list[dict[str, Any]] = []
-    for proc in procs:
-        out, _ = proc.communicate(timeout=3600)
-        if proc.returncode != 0:
-            raise RuntimeError(f"bench {role} worker exited with {proc.returncode}")
-        results.append(json.loads(out.strip().splitlines()[-1]))
-    go.unlink()
-    for done in go.parent.glob(f"{go.name}.done-*"):
-        done.unlink()
+    try:
+        for proc in procs:
+            assert proc.stdout is not None
+            if proc.stdout.readline().strip() != "ready":
+                raise RuntimeError(f"bench {role} worker failed to start ({proc.wait()})")
+        for proc in procs:
+            assert proc.stdin is not None
+            proc.stdin.write("go\n")
+            proc.stdin.flush()
+        results: list[dict[str, Any]] = []
+        for proc in procs:
+            assert proc.stdout is not None
+            line = proc.stdout.readline()
+            if not line:
+                raise RuntimeError(f"bench {role} worker exited with {proc.wait()}")
+            results.append(json.loads(line))
+    finally:
+        for proc in procs:
+            if proc.stdin is not None:
+                proc.stdin.close()  # releases a worker waiting for the others
+        for proc in procs:
+            proc.wait(timeout=3600)
+            if proc.stdout is not None:
+                proc.stdout.close()
+    failed = [p.returncode for p in procs if p.returncode != 0]
+    if failed:
+        raise RuntimeError(f"bench {role} workers exited with {failed}")
     return results
 
 
@@ -332,7 +360,6 @@ def _run(
     mode: str,
     progress: Callable[[str], None],
 ) -> dict[str, Any]:
-    go = scratch / "go"
     per_worker = max(1, items)
     if url is None:
         # Baseline: the same number of processes, one-row transactions, the store's pragmas.
@@ -348,7 +375,7 @@ def _run(
             pg.execute("CREATE TABLE bench_rows (k TEXT PRIMARY KEY, v TEXT NOT NULL)")
         target = ["--url", url]
         progress(f"baseline: {workers} processes x {per_worker} INSERT ... ON CONFLICT DO NOTHING")
-    baseline_results = _spawn("insert", workers, [*target, "--items", str(per_worker)], go)
+    baseline_results = _spawn("insert", workers, [*target, "--items", str(per_worker)])
     baseline_rate, baseline_wall, _ = _rate(baseline_results)
 
     # The product: register the workspace once, then race the workers.
@@ -373,11 +400,8 @@ def _run(
             str(per_thread),
             "--mode",
             mode,
-            "--workers",
-            str(workers),
             *(["--url", url] if url else []),
         ],
-        go,
     )
     rate, wall, attempts = _rate(results)
     latencies = [x for r in results for x in r["latencies_ms"]]
@@ -418,6 +442,8 @@ def _run(
         "lost": items - (done if mode == "intake" else counts["executions"]),
         "busy_errors": sum(int(r["busy_errors"]) for r in results),
         "retries": sum(int(r["retries"]) for r in results),
+        # CPU time of the worker processes themselves (the database server's is not in it).
+        "worker_cpu_s": round(sum(float(r["cpu_s"]) for r in results), 2),
         "runs_clean": sum(1 for r in results if r["clean"]),
         "scanned_per_run": sorted({int(r["scanned"]) for r in results}),
         "integrity_check": integrity,
@@ -430,18 +456,16 @@ def _run(
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description="bench worker (started by outloop bench)")
     parser.add_argument("role", choices=["claims", "insert"])
-    parser.add_argument("--go", required=True)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--items", type=int, required=True)
     parser.add_argument("--per-thread", type=int, default=4)
     parser.add_argument("--mode", choices=MODES, default="claim")
-    parser.add_argument("--workers", type=int, default=1, help="workers to wait for at the end")
     parser.add_argument("--dir")
     parser.add_argument("--db")
     parser.add_argument("--url", help="PostgreSQL URL (else SQLite in --dir / --db)")
     args = parser.parse_args(argv)
     result = _claims_worker(args) if args.role == "claims" else _insert_worker(args)
-    sys.stdout.write(json.dumps(result) + "\n")
+    _report_then_wait_for_release(result)
 
 
 if __name__ == "__main__":

@@ -6,6 +6,7 @@ here and nowhere else.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import datetime
 from enum import StrEnum
 
@@ -48,3 +49,19 @@ class ExecutionRecord(BaseModel):
     task_id: str | None = None
     claimed_at: datetime
     reported_at: datetime | None = None
+
+
+def contest(
+    existing: ExecutionRecord, now: datetime, holder_alive: Callable[[str], bool]
+) -> ClaimOutcome | None:
+    """What a new claim gets against an existing execution record: None when it may take
+    the occurrence over (a due retry, an expired lease, a provably dead holder), else the
+    claim-race outcome. DONE is final."""
+    if existing.state is ExecutionState.DONE:
+        return ClaimOutcome.EXECUTION_ALREADY_DONE
+    if existing.state is ExecutionState.RETRY_PENDING:
+        due = existing.retry_at is None or existing.retry_at <= now
+        return None if due else ClaimOutcome.EXECUTION_ALREADY_CLAIMED
+    if existing.lease_expires_at <= now or not holder_alive(existing.holder):
+        return None
+    return ClaimOutcome.EXECUTION_ALREADY_CLAIMED

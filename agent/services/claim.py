@@ -3,10 +3,12 @@ the one task of its verified thread - in the same transaction."""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from datetime import datetime
 
 from agent.domain.context import WorkspaceContext
 from agent.domain.envelope import Envelope, work_key
+from agent.domain.execution import ExecutionRecord, contest
 from agent.domain.records import ClaimRequest, ClaimResult, EscalationDraft, TaskDraft
 from agent.domain.task import MessageRef, NextAction, new_task_id, normalize_subject
 from agent.ports import Store
@@ -49,13 +51,54 @@ def task_draft(
     )
 
 
+class Lookahead:
+    """The execution records of the next items of a run, read in one query per window.
+
+    Deciding a lost claim needs the occurrence's execution record; reading the records of
+    the next ``size`` items together replaces one round trip per item with one per window.
+    A record read a moment early is still sound: DONE is final, a live holder's claim that
+    ended since is taken over by a later run, and an occurrence that looked unclaimed is
+    decided by the store's insert.
+    """
+
+    def __init__(self, store: Store, keys: Sequence[str], size: int = 64) -> None:
+        self._store = store
+        self._keys = keys
+        self._size = size
+        self._next = 0
+        self._window: dict[str, ExecutionRecord | None] = {}
+
+    def seen(self, index: int) -> tuple[ExecutionRecord | None]:
+        """What was read for the key at ``index`` (the window moves forward as needed)."""
+        key = self._keys[index]
+        if key not in self._window:
+            window = self._keys[index : index + self._size]
+            found = self._store.get_executions(window)
+            self._window = {k: found.get(k) for k in window}
+        return (self._window.pop(key),)
+
+
 def claim_occurrence(
-    store: Store, request: ClaimRequest, draft: TaskDraft | EscalationDraft, now: datetime
+    store: Store,
+    request: ClaimRequest,
+    make_draft: Callable[[], TaskDraft | EscalationDraft],
+    now: datetime,
+    *,
+    seen: tuple[ExecutionRecord | None] | None = None,
 ) -> ClaimResult:
     """Claim; the outcome is CLAIMED, EXECUTION_ALREADY_CLAIMED or EXECUTION_ALREADY_DONE.
 
     A claim held by a provably dead holder (or whose lease expired, or whose retry is due) is
-    taken over exactly once. A lost claim writes nothing at all; the caller records its
-    claim-race disposition in the run ledger.
+    taken over exactly once. A claim that has already lost is decided by one read - DONE is
+    final, and a live holder's claim can only be taken over once the holder is dead or its
+    lease ran out, which a later claim sees - so it writes nothing, takes no write lock and
+    never builds its task draft. Only the store's insert can win a claim. The caller records
+    a lost claim's claim-race disposition in the run ledger. ``seen`` is the record a
+    Lookahead read just before (``(None,)``: none existed); without it, it is read now.
     """
-    return store.claim(request, draft, now, holder_alive)
+    known = store.get_execution(request.key) if seen is None else seen[0]
+    if known is not None:
+        outcome = contest(known, now, holder_alive)
+        if outcome is not None:
+            return ClaimResult(outcome=outcome, execution=known)
+    return store.claim(request, make_draft(), now, holder_alive)

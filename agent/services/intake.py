@@ -29,7 +29,7 @@ from agent.domain.envelope import (
     occurrence_key,
 )
 from agent.domain.errors import ClaimLost, OutloopError, ProviderError, StoreError
-from agent.domain.execution import ClaimOutcome
+from agent.domain.execution import ClaimOutcome, ExecutionRecord
 from agent.domain.mail import ScannedMessage
 from agent.domain.records import (
     ClaimRequest,
@@ -176,6 +176,7 @@ async def run_cycle(
     # Claim-race outcomes write nothing when decided; their ledger entries are recorded in
     # batches (a worker that dies before a batch leaves those items to reconciliation).
     race: list[tuple[str, Disposition, str]] = []
+    lookahead = claim.Lookahead(store, [p.key for p in planned])
     for index, plan in enumerate(planned, start=1):
         if clock.now() - renewed_at > RUN_LEASE / 3:
             renewed_at = clock.now()
@@ -200,9 +201,12 @@ async def run_cycle(
                     request,
                     preflights[plan.mailbox.mailbox_id],
                     clock,
+                    lookahead.seen(index - 1),
                 )
             else:
-                outcome = _escalate(store, context, station, plan, request, clock)
+                outcome = _escalate(
+                    store, context, station, plan, request, clock, lookahead.seen(index - 1)
+                )
         except ClaimLost as exc:
             # This worker was too slow: its lease expired and another holder took the
             # occurrence over. The other holder finishes it; this run records the race.
@@ -287,10 +291,16 @@ async def _handle(
     request: ClaimRequest,
     preflight_failure: str | None,
     clock: Clock,
+    seen: tuple[ExecutionRecord | None],
 ) -> ItemOutcome:
     now = clock.now()
-    draft = claim.task_draft(context, envelope, request.key, classify.work_owner(context), now)
-    claimed = claim.claim_occurrence(store, request, draft, now)
+    claimed = claim.claim_occurrence(
+        store,
+        request,
+        lambda: claim.task_draft(context, envelope, request.key, classify.work_owner(context), now),
+        now,
+        seen=seen,
+    )
     if claimed.outcome is not ClaimOutcome.CLAIMED:
         return ItemOutcome(
             request.item_ref,
@@ -337,6 +347,7 @@ def _escalate(
     plan: _Planned,
     request: ClaimRequest,
     clock: Clock,
+    seen: tuple[ExecutionRecord | None],
 ) -> ItemOutcome:
     """Escalate an item no workspace can own (or whose binding is unverified)."""
     now = clock.now()
@@ -375,7 +386,7 @@ def _escalate(
         mailbox_id=plan.mailbox.mailbox_id,
         item_ref=plan.ref,
     )
-    claimed = claim.claim_occurrence(store, request, draft, now)
+    claimed = claim.claim_occurrence(store, request, lambda: draft, now, seen=seen)
     if claimed.outcome is not ClaimOutcome.CLAIMED:
         return ItemOutcome(
             request.item_ref, claimed.outcome.disposition(), claimed.outcome, None, False, ""

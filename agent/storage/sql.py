@@ -24,7 +24,7 @@ from agent.domain.dispositions import (
     parse_disposition,
 )
 from agent.domain.errors import ClaimLost, RegistryError, StoreError, TransitionError
-from agent.domain.execution import ClaimOutcome, ExecutionRecord, ExecutionState
+from agent.domain.execution import ClaimOutcome, ExecutionRecord, ExecutionState, contest
 from agent.domain.records import (
     Binding,
     ClaimRequest,
@@ -498,18 +498,6 @@ class SqlStore:
         holder_alive: Callable[[str], bool],
     ) -> ClaimResult:
         lease = ts(now + timedelta(seconds=request.lease_seconds))
-        # A claim that has already lost needs no write: DONE is final, and a live holder's
-        # claim can only be taken over once the holder is dead or its lease expired, which a
-        # later claim sees. Only the insert below can win a claim.
-        known = self._read("SELECT * FROM executions WHERE key = ?", (request.key,))
-        if known:
-            outcome = self._contest(known[0], now, holder_alive)
-            if outcome is not None:
-                return ClaimResult(outcome=outcome, execution=self._execution(known[0]))
-        # A new task is built before the transaction (unless this is a takeover).
-        fresh: tuple[Task, str] | None = None
-        if isinstance(draft, TaskDraft) and not known:
-            fresh = self._new_task(draft, now)
 
         # The claim names the task it works on: the thread's task if the thread has one,
         # else the new task's id (a conflict below corrects it, in the same transaction).
@@ -595,9 +583,7 @@ class SqlStore:
                 found: str | None = None
                 if not taken_over:
                     found = "" if claimed_task == draft.task_id else claimed_task
-                task, created = self._upsert_task(
-                    conn, draft, fresh or self._new_task(draft, now), now, found
-                )
+                task, created = self._upsert_task(conn, draft, now, found)
                 if claimed_task != task.task_id:
                     row = conn.execute(
                         "UPDATE executions SET task_id = ? WHERE key = ? RETURNING *",
@@ -636,21 +622,11 @@ class SqlStore:
 
         return self._write(body, verify)
 
-    @staticmethod
     def _contest(
-        existing: Row, now: datetime, holder_alive: Callable[[str], bool]
+        self, existing: Row, now: datetime, holder_alive: Callable[[str], bool]
     ) -> ClaimOutcome | None:
         """None when the existing execution may be taken over, else the claim-race outcome."""
-        state = ExecutionState(existing["state"])
-        if state is ExecutionState.DONE:
-            return ClaimOutcome.EXECUTION_ALREADY_DONE
-        if state is ExecutionState.RETRY_PENDING:
-            retry_at = existing["retry_at"]
-            due = retry_at is None or retry_at <= ts(now)
-            return None if due else ClaimOutcome.EXECUTION_ALREADY_CLAIMED
-        if existing["lease_expires_at"] <= ts(now) or not holder_alive(existing["holder"]):
-            return None
-        return ClaimOutcome.EXECUTION_ALREADY_CLAIMED
+        return contest(self._execution(existing), now, holder_alive)
 
     @staticmethod
     def _find_task_id(
@@ -707,7 +683,6 @@ class SqlStore:
         self,
         conn: Tx,
         draft: TaskDraft,
-        fresh: tuple[Task, str],
         now: datetime,
         thread_task: str | None = None,
     ) -> tuple[Task, bool]:
@@ -718,7 +693,8 @@ class SqlStore:
         else:
             task_id, by_work_key = self._find_task_id(conn, draft, thread_read=thread_task == "")
         if task_id is None:
-            task, record = fresh
+            # Built only by a claim that won and found no task for its thread.
+            task, record = self._new_task(draft, now)
             self._insert_task(conn, task, record)
             if self._link_thread(conn, draft.work_key, task.task_id):
                 self._record_message(conn, draft, task.task_id)
@@ -900,6 +876,14 @@ class SqlStore:
     def get_execution(self, key: str) -> ExecutionRecord | None:
         rows = self._read("SELECT * FROM executions WHERE key = ?", (key,))
         return self._execution(rows[0]) if rows else None
+
+    def get_executions(self, keys: Sequence[str]) -> dict[str, ExecutionRecord]:
+        found: dict[str, ExecutionRecord] = {}
+        for chunk in _chunks(list(dict.fromkeys(keys))):
+            marks = ", ".join("?" * len(chunk))
+            for row in self._read(f"SELECT * FROM executions WHERE key IN ({marks})", chunk):
+                found[row["key"]] = self._execution(row)
+        return found
 
     # -- tasks ------------------------------------------------------------------------------
 

@@ -242,14 +242,14 @@ class PostgresStore(SqlStore):
                         if found is not None:
                             return found[0]
                     unknown_commit = False
+                    # Not pipelined: psycopg's pipeline polls the socket for writing while it
+                    # waits for results, which spins the CPU whenever a statement waits for
+                    # a lock (a claim racing another worker's uncommitted claim does).
                     try:
-                        # Pipelined: statements whose results the body does not read go out
-                        # with the next one it does read, and COMMIT with the last batch.
-                        with conn.pipeline():
-                            conn.execute("BEGIN")
-                            result = body(tx)
-                            committing = True
-                            conn.execute("COMMIT")
+                        conn.execute("BEGIN")
+                        result = body(tx)
+                        committing = True
+                        conn.execute("COMMIT")
                     except BaseException:
                         self._rollback(conn)
                         raise
