@@ -106,6 +106,9 @@ class WorkspaceRow(BaseModel):
     context_sha256: str
     registered_at: datetime
     updated_at: datetime
+    # The registered context itself, so every machine sharing the store reads the same one
+    # (None only for rows registered before the store kept it; then context_path is read).
+    context_text: str | None = None
 
 
 class Binding(BaseModel):

@@ -82,14 +82,14 @@ def _resolve_paths(context: WorkspaceContext, base: Path) -> str:
     return yaml.safe_dump(data, sort_keys=False, allow_unicode=True)  # pyright: ignore[reportUnknownMemberType]
 
 
-def _save_copy(data_dir: DataDir, context: WorkspaceContext, source: Path) -> tuple[Path, str]:
+def _save_copy(data_dir: DataDir, context: WorkspaceContext, source: Path) -> tuple[Path, str, str]:
     target = data_dir.context_file(context.workspace_id)
     target.parent.mkdir(parents=True, exist_ok=True)
     text = _resolve_paths(context, source.parent)
     tmp = target.with_suffix(".yaml.tmp")
     tmp.write_text(text, encoding="utf-8")
     tmp.replace(target)
-    return target, hashlib.sha256(text.encode("utf-8")).hexdigest()
+    return target, hashlib.sha256(text.encode("utf-8")).hexdigest(), text
 
 
 def add_workspace(store: Store, data_dir: DataDir, source: Path, now: datetime) -> WorkspaceRow:
@@ -99,7 +99,7 @@ def add_workspace(store: Store, data_dir: DataDir, source: Path, now: datetime) 
             f"workspace {context.workspace_id} is already registered; use 'outloop workspace "
             "update' to replace its context"
         )
-    path, sha = _save_copy(data_dir, context, source)
+    path, sha, text = _save_copy(data_dir, context, source)
     row = WorkspaceRow(
         workspace_id=context.workspace_id,
         label=context.label,
@@ -107,6 +107,7 @@ def add_workspace(store: Store, data_dir: DataDir, source: Path, now: datetime) 
         context_sha256=sha,
         registered_at=now,
         updated_at=now,
+        context_text=text,
     )
     store.register_workspace(row, _bindings(context))
     return row
@@ -120,13 +121,14 @@ def update_workspace(store: Store, data_dir: DataDir, source: Path, now: datetim
             f"workspace {context.workspace_id} is not registered; use 'outloop workspace add' "
             "first (the workspace_id in the file decides which workspace is updated)"
         )
-    path, sha = _save_copy(data_dir, context, source)
+    path, sha, text = _save_copy(data_dir, context, source)
     row = existing.model_copy(
         update={
             "label": context.label,
             "context_path": str(path),
             "context_sha256": sha,
             "updated_at": now,
+            "context_text": text,
         }
     )
     store.update_workspace(row, _bindings(context))
@@ -141,11 +143,20 @@ def load_context(store: Store, workspace_id: str) -> WorkspaceContext:
             f"no workspace {workspace_id} is registered here; register it with 'outloop "
             "workspace add --context FILE'"
         )
-    context, _ = read_context_file(Path(row.context_path))
+    context = registered_context(row)
     if context.workspace_id != workspace_id:
         raise ContextError(
             f"{row.context_path} now names workspace {context.workspace_id}, not {workspace_id}"
         )
+    return context
+
+
+def registered_context(row: WorkspaceRow) -> WorkspaceContext:
+    """The context the registry holds: the text stored with the row (the same on every
+    machine sharing the store), else the data directory's copy for older rows."""
+    if row.context_text is not None:
+        return parse_context(row.context_text, source=f"registered context of {row.workspace_id}")
+    context, _ = read_context_file(Path(row.context_path))
     return context
 
 
@@ -157,7 +168,7 @@ def candidates(store: Store, provider: str, mailbox_id: str) -> list[Candidate]:
         if row is None:
             continue
         try:
-            context, _ = read_context_file(Path(row.context_path))
+            context = registered_context(row)
         except ContextError as exc:
             out.append(Candidate(binding.workspace_id, None, None, str(exc)))
             continue

@@ -116,6 +116,8 @@ MIGRATIONS: tuple[tuple[int, tuple[str, ...]], ...] = (
         (
             # Runs on other machines: a run whose lease ran out may be reconciled by anyone.
             "ALTER TABLE runs ADD COLUMN lease_expires_at REAL",
+            # Workers on other machines read the registered context from the store itself.
+            "ALTER TABLE workspaces ADD COLUMN context_text TEXT",
         ),
     ),
 )

@@ -147,7 +147,7 @@ class SqlStore:
         def body(conn: Tx) -> None:
             inserted = conn.execute(
                 "INSERT INTO workspaces (workspace_id, label, context_path, context_sha256,"
-                " registered_at, updated_at) VALUES (?, ?, ?, ?, ?, ?)"
+                " registered_at, updated_at, context_text) VALUES (?, ?, ?, ?, ?, ?, ?)"
                 " ON CONFLICT (workspace_id) DO NOTHING RETURNING workspace_id",
                 (
                     row.workspace_id,
@@ -156,6 +156,7 @@ class SqlStore:
                     row.context_sha256,
                     ts(row.registered_at),
                     ts(row.updated_at),
+                    row.context_text,
                 ),
             ).fetchone()
             if inserted is None:
@@ -179,12 +180,13 @@ class SqlStore:
         def body(conn: Tx) -> None:
             updated = conn.execute(
                 "UPDATE workspaces SET label = ?, context_path = ?, context_sha256 = ?,"
-                " updated_at = ? WHERE workspace_id = ? RETURNING workspace_id",
+                " updated_at = ?, context_text = ? WHERE workspace_id = ? RETURNING workspace_id",
                 (
                     row.label,
                     row.context_path,
                     row.context_sha256,
                     ts(row.updated_at),
+                    row.context_text,
                     row.workspace_id,
                 ),
             ).fetchone()
@@ -215,6 +217,7 @@ class SqlStore:
             context_sha256=row["context_sha256"],
             registered_at=dt(row["registered_at"]) or datetime.now(UTC),
             updated_at=dt(row["updated_at"]) or datetime.now(UTC),
+            context_text=row["context_text"],
         )
 
     def get_workspace(self, workspace_id: str) -> WorkspaceRow | None:

@@ -27,14 +27,15 @@ from psycopg import sql
 
 from agent.domain.errors import StoreError
 from agent.domain.execution import ClaimOutcome, ExecutionState
+from agent.services import workspaces
 from agent.storage.backend import DATABASE_URL_SETTING, open_store
 from agent.storage.postgres import PostgresStore
 from agent.storage.postgres import store as pg_store_module
 from agent.storage.schema import MIGRATIONS
-from agent.testing import FrozenClock
+from agent.testing import FrozenClock, InMemoryProvider, make_envelope
 from bench.pg_cluster import ThrowawayCluster
-from tests.conftest import pg_cluster, pg_url_at
-from tests.storage.test_store_contract import ALIVE, WS, Harness, env
+from tests.conftest import context_yaml, pg_cluster, pg_url_at, run_intake
+from tests.storage.test_store_contract import ALIVE, MAILBOX, WS, Harness, env
 
 ROOT = Path(__file__).resolve().parents[2]
 PASSWORD = "s3cret-pw"
@@ -624,3 +625,30 @@ def test_integrity_check_names_an_invalid_index(
         assert store.integrity_check() == "index health_detail is invalid"
     finally:
         store.close()
+
+
+@pytest.mark.anyio
+async def test_a_second_machine_runs_a_workspace_registered_on_the_first(tmp_path: Path) -> None:
+    # Two data directories (two machines) share one PostgreSQL store: the second has no
+    # copy of the context file, and reads the registered context from the store.
+    url = pg_url_at(tmp_path)
+    first, second = (workspaces.DataDir(tmp_path / name) for name in ("machine-a", "machine-b"))
+    for data_dir in (first, second):
+        data_dir.root.mkdir()
+    source = tmp_path / "context.yaml"
+    source.write_text(context_yaml(WS, mailbox=MAILBOX), encoding="utf-8")
+    clock = FrozenClock()
+    store_a, store_b = PostgresStore(url), PostgresStore(url)
+    try:
+        workspaces.add_workspace(store_a, first, source, clock.now())
+        source.unlink()  # the operator's file is gone; machine A keeps its own copy
+        assert not second.context_file(WS).exists()
+        box = InMemoryProvider(MAILBOX)
+        box.deliver(make_envelope(mailbox_id=MAILBOX, message_no=1, thread_no=1))
+        result = await run_intake(store_b, second, WS, clock, box)
+        assert result.reconciliation is not None and result.reconciliation.clean
+        [task] = store_a.list_tasks(WS)
+        assert task.workspace_id == WS
+    finally:
+        store_a.close()
+        store_b.close()

@@ -156,6 +156,17 @@ def test_registering_a_duplicate_workspace_id_is_refused(store: Store) -> None:
     assert store.bindings_for_mailbox("memory", MAILBOX.upper()) == [binding]
 
 
+def test_the_registered_context_text_is_kept_and_replaced_by_an_update(store: Store) -> None:
+    text = context_yaml(WS, mailbox=MAILBOX)
+    store.register_workspace(row().model_copy(update={"context_text": text}), [])
+    stored = store.get_workspace(WS)
+    assert stored is not None and stored.context_text == text
+    later = text.replace("Test workspace", "Renamed workspace")
+    store.update_workspace(row().model_copy(update={"context_text": later, "label": "y"}), [])
+    stored = store.get_workspace(WS)
+    assert stored is not None and stored.context_text == later and stored.label == "y"
+
+
 def test_updating_an_unknown_workspace_is_refused(store: Store) -> None:
     with pytest.raises(RegistryError, match="not registered"):
         store.update_workspace(row("ws-nobody"), [])
