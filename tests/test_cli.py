@@ -19,7 +19,7 @@ import click
 import pytest
 
 from mcp_server.cli import main
-from tests.conftest import context_yaml
+from tests.conftest import context_yaml, pg_cluster
 
 TIMEOUT = 120  # seconds, for every CLI call
 BENCH_TIMEOUT = 600
@@ -183,6 +183,7 @@ def test_the_command_tree_walk_finds_every_known_command() -> None:
         "demo",
         "bench",
         "bench claims",
+        "bench reconcile",
     } <= names
 
 
@@ -544,3 +545,37 @@ def test_bench_claims_can_run_twice_in_the_same_data_dir(cli: Cli, tmp_path: Pat
     for _ in range(2):
         result = _bench(cli, root)
         assert (result["duplicates"], result["lost"]) == (0, 0)
+
+
+def test_bench_claims_on_postgres_reports_its_baseline_and_no_duplicates(
+    cli: Cli, tmp_path: Path
+) -> None:
+    done = cli(
+        "bench", "claims", "--backend", "postgres", "--database-url", pg_cluster().url,
+        "--workers", "2", "--items", "200", "--json", "--data-dir", tmp_path / "bench",
+        timeout=BENCH_TIMEOUT,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout.splitlines()[-1])
+    assert set(result) >= BENCH_KEYS
+    assert (result["bench"], result["backend"]) == ("claims", "postgres")
+    assert result["baseline_per_s"] > 0 and result["claims"] == 200
+    assert (result["duplicates"], result["lost"]) == (0, 0)
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "postgres"])
+def test_bench_reconcile_counts_every_item_into_one_class(
+    cli: Cli, tmp_path: Path, backend: str
+) -> None:
+    url = ["--database-url", pg_cluster().url] if backend == "postgres" else []
+    done = cli(
+        "bench", "reconcile", "--backend", backend, *url, "--items", "3000", "--json",
+        "--data-dir", tmp_path / "bench", timeout=BENCH_TIMEOUT,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout.splitlines()[-1])
+    assert {"bench", "rate_per_s", "baseline_per_s", "ratio", "lost"} <= set(result)
+    assert result["bench"] == "reconcile" and result["lost"] == 0
+    figures = result["backends"][backend]
+    assert figures["scanned"] == 3000
+    assert figures["reconciliation_failed"] == figures["undecided_before"] == 30
