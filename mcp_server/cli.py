@@ -23,6 +23,7 @@ from bench import claims, reconcile
 from mcp_server import demo
 from mcp_server.composition import (
     DATA_DIR_ENV,
+    DATABASE_URL_SETTING,
     Station,
     default_data_dir,
     open_station,
@@ -306,6 +307,32 @@ def demo_command(data_dir: Path | None) -> None:
 # -- bench -------------------------------------------------------------------------------
 
 
+def database_url_option(func: F) -> F:
+    return click.option(
+        "--database-url",
+        envvar=DATABASE_URL_SETTING,
+        help="PostgreSQL to measure on (a fresh schema, dropped afterwards); default: "
+        f"{DATABASE_URL_SETTING}, else a throwaway cluster on 127.0.0.1 started for the run.",
+    )(func)
+
+
+def bench_output_options(func: F) -> F:
+    func = data_dir_option(func)
+    return click.option(
+        "--json", "as_json", is_flag=True, help="Print one JSON object as the last line."
+    )(func)
+
+
+def _bench_scratch(data_dir: Path | None) -> Path:
+    """A fresh scratch directory for one run (under --data-dir when given): a reused one
+    would already hold a previous run's baseline rows and bench workspace."""
+    if data_dir is not None:
+        data_dir.mkdir(parents=True, exist_ok=True)
+    scratch = Path(tempfile.mkdtemp(prefix="outloop-bench-", dir=data_dir))
+    click.echo(f"bench scratch directory: {scratch}", err=True)
+    return scratch
+
+
 @main.group()
 def bench() -> None:
     """Benchmarks: each measures a baseline in the same run and prints the ratio to it."""
@@ -319,12 +346,7 @@ def bench() -> None:
     show_default=True,
     help="Store backend to measure.",
 )
-@click.option(
-    "--database-url",
-    envvar="OUTLOOP_DATABASE_URL",
-    help="PostgreSQL to measure on (a fresh schema, dropped afterwards); default: "
-    "OUTLOOP_DATABASE_URL, else a throwaway cluster on 127.0.0.1 started for the run.",
-)
+@database_url_option
 @click.option(
     "--workers",
     type=click.IntRange(min=1, max=64),
@@ -353,8 +375,7 @@ def bench() -> None:
     show_default=True,
     help="Messages per thread (one task per thread).",
 )
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON object as the last line.")
-@data_dir_option
+@bench_output_options
 def bench_claims(
     backend: str,
     database_url: str | None,
@@ -366,13 +387,7 @@ def bench_claims(
     data_dir: Path | None,
 ) -> None:
     """N worker processes each claim the same M occurrences in random order."""
-    # claims.run needs a fresh directory: a reused one (a second run, or OUTLOOP_DATA_DIR
-    # pointing at a live station) already holds its baseline rows and bench workspace, and
-    # the run dies in a worker. Each run gets its own scratch directory under --data-dir.
-    if data_dir is not None:
-        data_dir.mkdir(parents=True, exist_ok=True)
-    scratch = Path(tempfile.mkdtemp(prefix="outloop-bench-", dir=data_dir))
-    click.echo(f"bench scratch directory: {scratch}", err=True)
+    scratch = _bench_scratch(data_dir)
     result = claims.run(
         scratch,
         backend=backend,
@@ -398,12 +413,7 @@ def bench_claims(
     show_default=True,
     help="Store backend(s) to measure.",
 )
-@click.option(
-    "--database-url",
-    envvar="OUTLOOP_DATABASE_URL",
-    help="PostgreSQL to measure on (a fresh schema, dropped afterwards); default: "
-    "OUTLOOP_DATABASE_URL, else a throwaway cluster on 127.0.0.1 started for the run.",
-)
+@database_url_option
 @click.option(
     "--items",
     type=click.IntRange(min=1),
@@ -411,16 +421,12 @@ def bench_claims(
     show_default=True,
     help="Scanned items in the run to reconcile.",
 )
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON object as the last line.")
-@data_dir_option
+@bench_output_options
 def bench_reconcile(
     backend: str, database_url: str | None, items: int, as_json: bool, data_dir: Path | None
 ) -> None:
     """Time the reconciliation of one run of N scanned items, 1% of them undecided."""
-    if data_dir is not None:
-        data_dir.mkdir(parents=True, exist_ok=True)
-    scratch = Path(tempfile.mkdtemp(prefix="outloop-bench-", dir=data_dir))
-    click.echo(f"bench scratch directory: {scratch}", err=True)
+    scratch = _bench_scratch(data_dir)
     result = reconcile.run(
         scratch,
         backends=reconcile.BACKENDS if backend == "both" else (backend,),

@@ -531,15 +531,20 @@ class SqlStore:
                 existing = conn.execute(
                     "SELECT * FROM executions WHERE key = ?", (request.key,)
                 ).fetchone()
+                if self._is_this_claim(existing, request, now):
+                    # Committed by an earlier attempt of this call whose outcome was unknown.
+                    return self._own_claim(conn, request, existing)
                 outcome = self._contest(existing, now, holder_alive)
                 if outcome is not None:
                     return ClaimResult(outcome=outcome, execution=self._execution(existing))
-                # Takeover: a compare-and-set on the generation this claim saw.
+                # Takeover: a compare-and-set on everything the decision read - the
+                # generation, the state and the holder - so a report that finished the
+                # execution since (same generation, now DONE or RETRY_PENDING) wins.
                 row = conn.execute(
                     "UPDATE executions SET holder = ?, state = 'CLAIMED', generation ="
                     " generation + 1, lease_expires_at = ?, retry_at = NULL, run_id = ?,"
                     " item_ref = ?, claimed_at = ? WHERE key = ? AND generation = ?"
-                    " RETURNING *",
+                    " AND state = ? AND holder = ? RETURNING *",
                     (
                         request.holder,
                         lease,
@@ -548,16 +553,19 @@ class SqlStore:
                         ts(now),
                         request.key,
                         existing["generation"],
+                        existing["state"],
+                        existing["holder"],
                     ),
                 ).fetchone()
                 if row is None:
-                    # Another worker took it over first (possible where writers run
-                    # concurrently; SQLite's write lock rules it out).
+                    # The execution changed since the read (possible where writers run
+                    # concurrently; SQLite's write lock rules it out): decide on it as it is.
                     current = conn.execute(
                         "SELECT * FROM executions WHERE key = ?", (request.key,)
                     ).fetchone()
+                    lost = self._contest(current, now, holder_alive)
                     return ClaimResult(
-                        outcome=ClaimOutcome.EXECUTION_ALREADY_CLAIMED,
+                        outcome=lost or ClaimOutcome.EXECUTION_ALREADY_CLAIMED,
                         execution=self._execution(current),
                     )
                 taken_over = True
@@ -604,26 +612,34 @@ class SqlStore:
         def verify(conn: Tx) -> Verified[ClaimResult]:
             # The commit's outcome is unknown: the execution record says whether this claim
             # won. It never claims again on a guess.
-            row = conn.execute(
-                "SELECT * FROM executions WHERE key = ? AND holder = ? AND claimed_at = ?",
-                (request.key, request.holder, ts(now)),
-            ).fetchone()
-            if row is None:
+            row = conn.execute("SELECT * FROM executions WHERE key = ?", (request.key,)).fetchone()
+            if row is None or not self._is_this_claim(row, request, now):
                 return None
-            task = None
-            if row["task_id"] is not None:
-                task = self._load_task(conn, row["task_id"])
-            return (
-                ClaimResult(
-                    outcome=ClaimOutcome.CLAIMED,
-                    execution=self._execution(row),
-                    task=task,
-                    task_created=task is not None and task.created_by == request.key,
-                    taken_over=int(row["generation"]) > 1,
-                ),
-            )
+            return (self._own_claim(conn, request, row),)
 
         return self._write(body, verify)
+
+    @staticmethod
+    def _is_this_claim(row: Row, request: ClaimRequest, now: datetime) -> bool:
+        """Whether the record is this very claim (holder, run, item and time), still held."""
+        return (
+            row["state"] == ExecutionState.CLAIMED.value
+            and row["holder"] == request.holder
+            and row["run_id"] == request.run_id
+            and row["item_ref"] == request.item_ref
+            and row["claimed_at"] == ts(now)
+        )
+
+    def _own_claim(self, conn: Tx, request: ClaimRequest, row: Row) -> ClaimResult:
+        """The result of this claim, read back from its committed execution record."""
+        task = None if row["task_id"] is None else self._load_task(conn, row["task_id"])
+        return ClaimResult(
+            outcome=ClaimOutcome.CLAIMED,
+            execution=self._execution(row),
+            task=task,
+            task_created=task is not None and task.created_by == request.key,
+            taken_over=int(row["generation"]) > 1,
+        )
 
     def _contest(
         self, existing: Row, now: datetime, holder_alive: Callable[[str], bool]
@@ -631,9 +647,8 @@ class SqlStore:
         """None when the existing execution may be taken over, else the claim-race outcome."""
         return contest(self._execution(existing), now, holder_alive)
 
-    @staticmethod
     def _find_task_id(
-        conn: Tx, draft: TaskDraft, *, thread_read: bool = False
+        self, conn: Tx, draft: TaskDraft, *, thread_read: bool = False
     ) -> tuple[str | None, bool]:
         """The thread's task id, and whether it was found by the work key itself
         (``thread_read``: the caller already found no task by the work key)."""
@@ -708,6 +723,12 @@ class SqlStore:
             task_id, by_work_key = self._find_task_id(conn, draft)
             if task_id is None or not by_work_key:
                 raise StoreError(f"thread {draft.work_key} has no task after a conflict")
+        elif not by_work_key and not self._link_thread(conn, draft.work_key, task_id):
+            # Found by exact linkage, but another worker's transaction gave this thread its
+            # own task first: the thread row decides, so the message joins that task.
+            task_id, by_work_key = self._find_task_id(conn, draft)
+            if task_id is None or not by_work_key:
+                raise StoreError(f"thread {draft.work_key} has no task after a conflict")
         task = self._load_task(conn, task_id, lock=True)
         # A takeover of the claim that created the task is still its first handling.
         created = task.created_by == draft.occurrence_key
@@ -717,10 +738,6 @@ class SqlStore:
                 update={"messages": (*task.messages, draft.message), "updated_at": now}
             )
             self._save_task(conn, task, task.state)
-        if not by_work_key:
-            # An alias found by exact linkage: this thread now points at that task (a
-            # concurrent alias of the same thread found the same task, or lost).
-            self._link_thread(conn, draft.work_key, task.task_id)
         self._record_message(conn, draft, task.task_id)
         return task, created
 

@@ -18,13 +18,15 @@ import subprocess
 import sys
 import threading
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import psycopg
 import pytest
 from psycopg import sql
 
+from agent.domain.envelope import work_key
 from agent.domain.errors import StoreError
 from agent.domain.execution import ClaimOutcome, ExecutionState
 from agent.services import workspaces
@@ -652,3 +654,84 @@ async def test_a_second_machine_runs_a_workspace_registered_on_the_first(tmp_pat
     finally:
         store_a.close()
         store_b.close()
+
+
+# -- interleavings that only concurrent writers can produce --------------------------------
+
+
+class PausesInClaim(PostgresStore):
+    """Runs ``between`` once, on another connection, at a chosen point of its next claim."""
+
+    def __init__(self, url: str) -> None:
+        super().__init__(url)
+        self.after_contest: Callable[[], object] | None = None
+        self.after_linkage: Callable[[], object] | None = None
+
+    def _contest(self, existing: Any, now: Any, holder_alive: Any) -> Any:
+        outcome = super()._contest(existing, now, holder_alive)
+        hook, self.after_contest = self.after_contest, None
+        if hook is not None:
+            hook()
+        return outcome
+
+    def _find_task_id(self, conn: Any, draft: Any, *, thread_read: bool = False) -> Any:
+        found = super()._find_task_id(conn, draft, thread_read=thread_read)
+        hook, self.after_linkage = self.after_linkage, None
+        if hook is not None and found[0] is not None and not found[1]:
+            hook()
+        return found
+
+
+def test_a_takeover_never_overwrites_a_report_that_landed_after_its_read(
+    tmp_path: Path,
+) -> None:
+    url = pg_url_at(tmp_path)
+    first, second = PostgresStore(url), PausesInClaim(url)
+    try:
+        clock = FrozenClock()
+        h1, h2 = Harness(first, clock), Harness(second, clock)
+        h2.runs = 100  # its runs get their own ids
+        e = env(1, 1)
+        run_id = h1.run(e)
+        assert h1.claim(run_id, e, lease=60).outcome is ClaimOutcome.CLAIMED
+        clock.advance(minutes=5)  # the first holder stalled past its lease, then reports
+        run2 = h2.run(e)
+        second.after_contest = lambda: h1.report(run_id, e)
+        result = h2.claim(run2, e, holder="machine-b/1/1/1/x")
+        # The takeover read an expired claim, but the report committed before its update:
+        # the execution is finished, and nobody handles it a second time.
+        assert result.outcome is ClaimOutcome.EXECUTION_ALREADY_DONE
+        record = first.get_execution(h1.key(e))
+        assert record is not None
+        assert (record.state, record.holder, record.generation) == (ExecutionState.DONE, ALIVE, 1)
+    finally:
+        first.close()
+        second.close()
+
+
+def test_a_reply_linked_to_another_task_joins_its_own_thread_when_that_thread_won_first(
+    tmp_path: Path,
+) -> None:
+    url = pg_url_at(tmp_path)
+    first, second = PostgresStore(url), PausesInClaim(url)
+    try:
+        clock = FrozenClock()
+        h1, h2 = Harness(first, clock), Harness(second, clock)
+        original = env(1, 1)  # thread 1: its own task
+        opener = env(2, 2)  # thread 2's first message
+        reply = env(3, 2, in_reply_to="<m1@example.test>")  # thread 2, replying to thread 1
+        run_id = h1.run(original, opener, reply)
+        h1.claim(run_id, original)
+        # The reply finds thread 1's task by exact linkage; before it points thread 2 at
+        # that task, another worker creates thread 2's own task and commits.
+        second.after_linkage = lambda: h1.claim(run_id, opener)
+        assert h2.claim(run_id, reply).outcome is ClaimOutcome.CLAIMED
+        thread_2 = first.task_for_thread(work_key(WS, opener))
+        thread_1 = first.task_for_thread(work_key(WS, original))
+        assert thread_1 is not None and thread_2 is not None
+        assert thread_1.task_id != thread_2.task_id
+        assert [m.provider_message_id for m in thread_1.messages] == ["pm-1"]
+        assert sorted(m.provider_message_id for m in thread_2.messages) == ["pm-2", "pm-3"]
+    finally:
+        first.close()
+        second.close()
