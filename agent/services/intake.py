@@ -17,7 +17,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from agent import crashpoints
 from agent.domain.context import MailboxBinding, StationConfig, WorkspaceContext
@@ -129,7 +129,9 @@ async def run_cycle(
     # of every run ends with exactly one outcome.
     for open_run in store.unreconciled_runs(workspace_id):
         if open_run.stale(clock.now(), holder_alive):
-            result.reconciled_stale.append(store.reconcile(open_run.run_id, clock.now()))
+            stale = store.reconcile_stale(open_run.run_id, clock.now(), holder_alive)
+            if stale is not None:
+                result.reconciled_stale.append(stale)
     renewed_at = clock.now()
     store.start_run(run_id, workspace_id, holder, renewed_at, renewed_at + RUN_LEASE)
 
@@ -158,6 +160,8 @@ async def run_cycle(
             result.access_errors.append(f"{binding.mailbox_id}: {exc}")
             continue
         planned.extend(found)
+    # The scan may have taken a while: keep the run's lease before recording its items.
+    renewed_at = _renew(store, run_id, holder, clock, renewed_at, force=True)
     store.record_scanned(
         [
             LedgerEntry(run_id=run_id, item_ref=p.ref, occurrence_key=p.key, detail=p.reason)
@@ -178,13 +182,7 @@ async def run_cycle(
     race: list[tuple[str, Disposition, str]] = []
     lookahead = claim.Lookahead(store, [p.key for p in planned])
     for index, plan in enumerate(planned, start=1):
-        if clock.now() - renewed_at > RUN_LEASE / 3:
-            renewed_at = clock.now()
-            if not store.renew_run(run_id, holder, renewed_at + RUN_LEASE):
-                raise StoreError(
-                    f"run {run_id} was reconciled by another worker after its lease ran out; "
-                    "this worker stops here (each claim's execution record still governs it)"
-                )
+        renewed_at = _renew(store, run_id, holder, clock, renewed_at)
         request = ClaimRequest(
             key=plan.key,
             service=SERVICE,
@@ -241,6 +239,27 @@ async def run_cycle(
     store.record_dispositions(run_id, race, clock.now())
     result.reconciliation = store.reconcile(run_id, clock.now())
     return result
+
+
+def _renew(
+    store: Store,
+    run_id: str,
+    holder: str,
+    clock: Clock,
+    renewed_at: datetime,
+    *,
+    force: bool = False,
+) -> datetime:
+    """Renew the run's lease once a third of it has passed (or now, with ``force``)."""
+    if not force and clock.now() - renewed_at <= RUN_LEASE / 3:
+        return renewed_at
+    now = clock.now()
+    if not store.renew_run(run_id, holder, now + RUN_LEASE):
+        raise StoreError(
+            f"run {run_id} was reconciled by another worker after its lease ran out; this "
+            "worker stops here (each claim's execution record still governs it)"
+        )
+    return now
 
 
 def _plan(

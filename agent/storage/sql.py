@@ -101,6 +101,9 @@ class SqlStore:
     FOR_UPDATE = ""
     """The clause that locks the rows a read-modify-write selects."""
 
+    FOR_SHARE = ""
+    """The clause that keeps the rows a write depends on from changing until it commits."""
+
     def _write(self, body: Callable[[Tx], T], verify: Callable[[Tx], Verified[T]] | None) -> T:
         """Run ``body`` in one write transaction and commit. When the commit's outcome is
         unknown (the connection died during it), ``verify`` reads whether it took effect;
@@ -302,7 +305,18 @@ class SqlStore:
         if not entries:
             return
 
+        run_ids = sorted({e.run_id for e in entries})
+
         def body(conn: Tx) -> None:
+            for run_id in run_ids:
+                run = conn.execute(
+                    "SELECT reconciled_at FROM runs WHERE run_id = ?" + self.FOR_SHARE, (run_id,)
+                ).fetchone()
+                if run is not None and run["reconciled_at"] is not None:
+                    raise StoreError(
+                        f"run {run_id} was already reconciled (its lease ran out before its "
+                        "items were recorded); its worker stops, and the next run scans again"
+                    )
             for chunk in _chunks(entries):
                 marks = ", ".join(["(?, ?, ?, ?, ?)"] * len(chunk))
                 conn.execute(
@@ -429,48 +443,73 @@ class SqlStore:
             ).fetchone()
             if found is None:
                 raise StoreError(f"run {run_id} does not exist; nothing to reconcile")
-            # Reports write the ledger in their own transaction, so an item without an
-            # outcome now never got one in this run.
-            conn.execute(
-                "UPDATE run_items SET disposition = 'RECONCILIATION_FAILED', decided_at = ?,"
-                " detail = 'no outcome was recorded for this item in this run'"
-                " WHERE run_id = ? AND disposition IS NULL",
-                (ts(now), run_id),
-            )
-            crashpoints.hit("mid_reconcile")
-            counts: dict[str, int] = {
-                r["disposition"]: int(r["n"])
-                for r in conn.execute(
-                    "SELECT disposition, count(*) AS n FROM run_items WHERE run_id = ?"
-                    " GROUP BY disposition",
-                    (run_id,),
-                ).fetchall()
-            }
-            scanned = sum(counts.values())
-            by = {parse_disposition(k): v for k, v in counts.items()}
-            terminal = sum(v for k, v in by.items() if k in TERMINAL)
-            non_terminal = sum(v for k, v in by.items() if k in NON_TERMINAL)
-            race = sum(v for k, v in by.items() if k in CLAIM_RACE)
-            failed = by.get(Disposition.RECONCILIATION_FAILED, 0)
-            clean = failed == 0 and scanned == terminal + non_terminal + race
-            result = Reconciliation(
-                run_id=run_id,
-                scanned=scanned,
-                terminal=terminal,
-                non_terminal=non_terminal,
-                claim_race=race,
-                reconciliation_failed=failed,
-                by_disposition={k.value: v for k, v in sorted(by.items())},
-                clean=clean,
-                reconciled_at=now,
-            )
-            conn.execute(
-                "UPDATE runs SET reconciled_at = ?, clean = ?, summary = ? WHERE run_id = ?",
-                (ts(now), int(clean), result.model_dump_json(), run_id),
-            )
-            return result
+            return self._reconcile_in(conn, run_id, now)
 
         return self._write(body, None)  # running it again finds the same counts
+
+    def reconcile_stale(
+        self, run_id: str, now: datetime, holder_alive: Callable[[str], bool]
+    ) -> Reconciliation | None:
+        def body(conn: Tx) -> Reconciliation | None:
+            # Decided under the run's row lock: a renewal that committed first keeps the
+            # run its worker's, and one that comes after finds the run reconciled.
+            row = conn.execute(
+                "SELECT holder, lease_expires_at, reconciled_at FROM runs WHERE run_id = ?"
+                + self.FOR_UPDATE,
+                (run_id,),
+            ).fetchone()
+            if row is None or row["reconciled_at"] is not None:
+                return None
+            run = OpenRun(
+                run_id=run_id, holder=row["holder"], lease_expires_at=dt(row["lease_expires_at"])
+            )
+            if not run.stale(now, holder_alive):
+                return None
+            return self._reconcile_in(conn, run_id, now)
+
+        return self._write(body, None)  # running it again finds the run reconciled
+
+    def _reconcile_in(self, conn: Tx, run_id: str, now: datetime) -> Reconciliation:
+        # Reports write the ledger in their own transaction, so an item without an
+        # outcome now never got one in this run.
+        conn.execute(
+            "UPDATE run_items SET disposition = 'RECONCILIATION_FAILED', decided_at = ?,"
+            " detail = 'no outcome was recorded for this item in this run'"
+            " WHERE run_id = ? AND disposition IS NULL",
+            (ts(now), run_id),
+        )
+        crashpoints.hit("mid_reconcile")
+        counts: dict[str, int] = {
+            r["disposition"]: int(r["n"])
+            for r in conn.execute(
+                "SELECT disposition, count(*) AS n FROM run_items WHERE run_id = ?"
+                " GROUP BY disposition",
+                (run_id,),
+            ).fetchall()
+        }
+        scanned = sum(counts.values())
+        by = {parse_disposition(k): v for k, v in counts.items()}
+        terminal = sum(v for k, v in by.items() if k in TERMINAL)
+        non_terminal = sum(v for k, v in by.items() if k in NON_TERMINAL)
+        race = sum(v for k, v in by.items() if k in CLAIM_RACE)
+        failed = by.get(Disposition.RECONCILIATION_FAILED, 0)
+        clean = failed == 0 and scanned == terminal + non_terminal + race
+        result = Reconciliation(
+            run_id=run_id,
+            scanned=scanned,
+            terminal=terminal,
+            non_terminal=non_terminal,
+            claim_race=race,
+            reconciliation_failed=failed,
+            by_disposition={k.value: v for k, v in sorted(by.items())},
+            clean=clean,
+            reconciled_at=now,
+        )
+        conn.execute(
+            "UPDATE runs SET reconciled_at = ?, clean = ?, summary = ? WHERE run_id = ?",
+            (ts(now), int(clean), result.model_dump_json(), run_id),
+        )
+        return result
 
     # -- claims -----------------------------------------------------------------------------
 

@@ -531,6 +531,27 @@ def test_a_run_lease_is_kept_renewed_by_its_holder_only_until_it_is_reconciled(
     assert store.unreconciled_runs(WS) == []
 
 
+def test_a_stale_run_is_reconciled_only_while_it_is_still_open_and_stale(
+    store: Store, clock: FrozenClock
+) -> None:
+    lease = clock.now() + timedelta(minutes=15)
+    store.start_run("run-leased", WS, ALIVE, clock.now(), lease)
+    store.record_scanned([LedgerEntry(run_id="run-leased", item_ref="a")], clock.now())
+    assert store.reconcile_stale("run-leased", clock.now(), alive) is None  # lease runs
+    # Its worker renewed in time: a reconciler that decided on the old lease gets nothing.
+    assert store.renew_run("run-leased", ALIVE, lease + timedelta(minutes=15))
+    assert store.reconcile_stale("run-leased", lease, alive) is None
+    later = lease + timedelta(minutes=20)
+    stale = store.reconcile_stale("run-leased", later, alive)
+    assert stale is not None and stale.reconciliation_failed == 1 and not stale.clean
+    assert store.reconcile_stale("run-leased", later, alive) is None  # once only
+    # A worker whose run was reconciled under it cannot record more items into it.
+    with pytest.raises(StoreError, match="already reconciled"):
+        store.record_scanned([LedgerEntry(run_id="run-leased", item_ref="b")], later)
+    assert [e.item_ref for e in store.ledger("run-leased")] == ["a"]
+    assert store.reconcile_stale("run-unknown", later, alive) is None
+
+
 # -- reports keep the lifecycle's rules whatever order they arrive in ----------------------
 
 

@@ -148,6 +148,7 @@ class PostgresStore(SqlStore):
     """The Store port on one PostgreSQL database, shared by every worker."""
 
     FOR_UPDATE = " FOR UPDATE"
+    FOR_SHARE = " FOR SHARE"
 
     def __init__(
         self,
