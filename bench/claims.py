@@ -51,6 +51,7 @@ from agent.ports import MailProvider, Store
 from agent.services import claim, classify, intake, workspaces
 from agent.services.clock import SystemClock
 from agent.services.holder import current_holder
+from agent.storage.backend import DATABASE_URL_SETTING
 from agent.storage.postgres import PostgresStore
 from agent.storage.sqlite import SqliteStore, begin_immediate, connect
 from agent.testing import InMemoryProvider, synthetic_mailbox
@@ -253,15 +254,20 @@ def _pg_insert_worker(args: argparse.Namespace) -> dict[str, Any]:
     return {"start": start, "end": end, "attempts": args.items}
 
 
-def _spawn(role: str, count: int, extra: list[str]) -> list[dict[str, Any]]:
+def _spawn(role: str, count: int, extra: list[str], url: str | None) -> list[dict[str, Any]]:
     """Start ``count`` workers, release them together once all are set up, and collect
-    their JSON results; then let them exit."""
+    their JSON results; then let them exit. A PostgreSQL URL reaches them through their
+    environment, never their command line (which any user of the machine can read)."""
+    env = {k: v for k, v in os.environ.items() if k != DATABASE_URL_SETTING}
+    if url:
+        env[DATABASE_URL_SETTING] = url
     procs = [
         subprocess.Popen(
             [sys.executable, "-m", "bench.claims", role, "--seed", str(i), *extra],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             text=True,
+            env=env,
         )
         for i in range(count)
     ]
@@ -373,9 +379,9 @@ def _run(
     else:
         with psycopg.connect(url, autocommit=True) as pg:
             pg.execute("CREATE TABLE bench_rows (k TEXT PRIMARY KEY, v TEXT NOT NULL)")
-        target = ["--url", url]
+        target = []
         progress(f"baseline: {workers} processes x {per_worker} INSERT ... ON CONFLICT DO NOTHING")
-    baseline_results = _spawn("insert", workers, [*target, "--items", str(per_worker)])
+    baseline_results = _spawn("insert", workers, [*target, "--items", str(per_worker)], url)
     baseline_rate, baseline_wall, _ = _rate(baseline_results)
 
     # The product: register the workspace once, then race the workers.
@@ -400,8 +406,8 @@ def _run(
             str(per_thread),
             "--mode",
             mode,
-            *(["--url", url] if url else []),
         ],
+        url,
     )
     rate, wall, attempts = _rate(results)
     latencies = [x for r in results for x in r["latencies_ms"]]
@@ -462,8 +468,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--mode", choices=MODES, default="claim")
     parser.add_argument("--dir")
     parser.add_argument("--db")
-    parser.add_argument("--url", help="PostgreSQL URL (else SQLite in --dir / --db)")
     args = parser.parse_args(argv)
+    # PostgreSQL when the parent passed a URL in the environment, else SQLite.
+    args.url = os.environ.get(DATABASE_URL_SETTING) or None
     result = _claims_worker(args) if args.role == "claims" else _insert_worker(args)
     _report_then_wait_for_release(result)
 

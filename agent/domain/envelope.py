@@ -71,12 +71,37 @@ class Envelope(BaseModel):
     )
     normalization_notes: tuple[str, ...] = ()
 
+    @field_validator("internet_message_id", "in_reply_to", "provider_thread_id")
+    @classmethod
+    def _bounded_id(cls, value: str | None) -> str | None:
+        return None if value is None else bounded_id(value)
+
+    @field_validator("references")
+    @classmethod
+    def _bounded_ids(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        return tuple(dict.fromkeys(bounded_id(v) for v in value))
+
     @field_validator("received_at")
     @classmethod
     def _aware(cls, value: datetime) -> datetime:
         if value.tzinfo is None:
             raise ValueError("received_at must be timezone-aware")
         return value
+
+
+MAX_ID_LENGTH = 255
+"""Longer identifiers are replaced by a digest: keys stay within every index's row limit."""
+
+
+def bounded_id(value: str) -> str:
+    """An identifier as the store keeps it: control characters (NUL among them, which no
+    database text column accepts) removed, and one longer than MAX_ID_LENGTH replaced by a
+    stable digest of it, so the same header always gives the same id."""
+    cleaned = "".join(ch for ch in value if ch >= " " and ch != "\x7f")
+    if len(cleaned) <= MAX_ID_LENGTH:
+        return cleaned
+    digest = hashlib.sha256(cleaned.encode("utf-8", "surrogatepass")).hexdigest()
+    return f"<{digest}@long-id.invalid>"
 
 
 def compose_key(*parts: str) -> str:

@@ -29,6 +29,7 @@ from psycopg import sql
 from agent.domain.envelope import work_key
 from agent.domain.errors import StoreError
 from agent.domain.execution import ClaimOutcome, ExecutionState
+from agent.domain.run import LedgerEntry
 from agent.services import workspaces
 from agent.storage.backend import DATABASE_URL_SETTING, open_store
 from agent.storage.postgres import PostgresStore
@@ -169,6 +170,8 @@ BAD_URLS = {
     # libpq quotes a URI it cannot parse: the password must be blanked out of that too.
     "unparsable-host": "postgresql://u:{pw}@[::1/db",
     "password-echoed-in-an-option": "postgresql://u:{pw}@127.0.0.1:{port}/db?sslmode={pw}",
+    "password-in-the-query": "postgresql://u@127.0.0.1:{port}/db?password={pw}%zz&sslmode=require",
+    "spaced-password-in-the-query": "postgresql://u@127.0.0.1:{port}/db?password={pw}%20x",
     "unreachable": "postgresql://u:{pw}@127.0.0.1:{port}/db",
 }
 
@@ -735,3 +738,18 @@ def test_a_reply_linked_to_another_task_joins_its_own_thread_when_that_thread_wo
     finally:
         first.close()
         second.close()
+
+
+def test_data_the_database_refuses_fails_at_once_with_a_store_error(tmp_path: Path) -> None:
+    store = PostgresStore(pg_url_at(tmp_path))
+    try:
+        clock = FrozenClock()
+        store.start_run("run-1", WS, ALIVE, clock.now())
+        # No retry can make a NUL byte acceptable to a text column: it is refused at once.
+        with pytest.raises(StoreError, match="refused the operation") as refused:
+            store.record_scanned([LedgerEntry(run_id="run-1", item_ref="a\x00b")], clock.now())
+        assert store.retries == 0
+        assert refused.value.__cause__ is None
+        assert store.ledger("run-1") == []
+    finally:
+        store.close()

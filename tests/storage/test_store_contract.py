@@ -669,3 +669,23 @@ def test_a_task_stays_blocked_until_its_last_retry_has_run(h: Harness, clock: Fr
     still = h.store.get_task(task.task_id)
     assert still is not None and still.state is TaskState.BLOCKED_RETRY_PENDING
     assert still.blocked_by == (h.key(first),)
+
+
+def test_a_message_id_with_nul_bytes_or_thousands_of_characters_is_claimed_like_any_other(
+    h: Harness,
+) -> None:
+    # Whatever a sender puts in Message-ID, In-Reply-To and References, every backend keys it.
+    long_id = "<" + "x" * 5000 + "@contoso.test>"
+    first = env(1, 1).model_copy(update={"internet_message_id": None})
+    hostile = Envelope.model_validate(
+        {**first.model_dump(by_alias=True), "internet_message_id": "<a\x00b@contoso.test>",
+         "in_reply_to": long_id, "references": [long_id, long_id]}
+    )  # fmt: skip
+    assert hostile.internet_message_id == "<ab@contoso.test>"
+    assert hostile.in_reply_to is not None and len(hostile.in_reply_to) < 100
+    assert hostile.references == (hostile.in_reply_to,)
+    run_id = h.run(hostile)
+    result = h.claim(run_id, hostile)
+    assert result.outcome is ClaimOutcome.CLAIMED and result.task is not None
+    h.report(run_id, hostile)
+    assert h.store.reconcile(run_id, h.clock.now()).clean

@@ -23,6 +23,7 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, LiteralString, cast
+from urllib.parse import unquote, unquote_plus
 
 import psycopg
 from psycopg.conninfo import conninfo_to_dict
@@ -32,6 +33,9 @@ from psycopg_pool import ConnectionPool
 from agent.domain.errors import StoreError
 from agent.storage.backend import DATABASE_URL_SETTING
 from agent.storage.sql import Cursor, SqlStore, T, Tx, Verified
+
+SETTLE_TIMEOUT_MS = 10_000
+"""How long an unknown commit's server process may take to finish before it is read back."""
 
 MIGRATION_LOCK = 7_370_011_001
 """Serializes schema migrations when several workers start together (not used for claims)."""
@@ -50,9 +54,27 @@ class RetryPolicy:
         return min(self.max_backoff_s, self.first_backoff_s * 2 ** (attempt - 1))
 
 
-TRANSIENT: tuple[type[Exception], ...] = (psycopg.OperationalError,)
-"""Connection loss, admin/crash shutdown, cannot-connect-now, serialization failures and
-deadlocks are all OperationalError subclasses in psycopg."""
+TRANSIENT_STATES = frozenset(
+    {
+        "40001",  # serialization_failure
+        "40P01",  # deadlock_detected
+        "53300",  # too_many_connections
+        "57P01",  # admin_shutdown (pg_terminate_backend)
+        "57P02",  # crash_shutdown
+        "57P03",  # cannot_connect_now (starting up, shutting down)
+        "25P03",  # idle_in_transaction_session_timeout
+    }
+)
+
+
+def is_transient(exc: psycopg.Error) -> bool:
+    """A fault that running the transaction again can get past: a lost connection (no
+    SQLSTATE, or class 08) or one of TRANSIENT_STATES. Bad data, a violated limit or a
+    missing object is not: it fails the same way every time."""
+    state = exc.sqlstate
+    if state is None:
+        return isinstance(exc, psycopg.OperationalError | psycopg.InterfaceError)
+    return state.startswith("08") or state in TRANSIENT_STATES
 
 
 def redacted(url: str) -> str:
@@ -66,18 +88,30 @@ def redacted(url: str) -> str:
 
 
 _URL_PASSWORD = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://[^@/?#]*?:([^@]*)@")
+_QUERY_PASSWORD = re.compile(r"[?&]password=([^&#]*)")
 _KEYWORD_PASSWORD = re.compile(r"\bpassword\s*=\s*('(?:[^'\\]|\\.)*'|\S+)")
 
 
+def _secrets(url: str) -> list[str]:
+    """Every form in which the URL's password could show up in a message. Found by
+    pattern as well as by the driver's parser: a URL that does not parse must not leak."""
+    found = [m.group(1) for m in (_URL_PASSWORD.match(url),) if m]
+    found += [m.group(1) for m in _QUERY_PASSWORD.finditer(url)]
+    found += [m.group(1).strip("'") for m in _KEYWORD_PASSWORD.finditer(url)]
+    with contextlib.suppress(psycopg.Error):
+        found.append(str(conninfo_to_dict(url).get("password") or ""))
+    forms = {f for s in found if s for f in (s, unquote(s), unquote_plus(s))}
+    # Longest first, so a password is never left half-masked by a shorter form of it.
+    return sorted((f for f in forms if f.strip()), key=len, reverse=True)
+
+
 def _scrub(message: str, url: str) -> str:
-    """One line of ``message`` with the URL and any password in it blanked out. Parsing is
-    by pattern, not by a URL parser: a URL that does not parse must not leak either."""
-    secrets = [m.group(1) for m in (_URL_PASSWORD.match(url),) if m and m.group(1)]
-    secrets += [m.group(1).strip("'") for m in _KEYWORD_PASSWORD.finditer(url)]
+    """One line of ``message`` with the URL and any password in it blanked out."""
     line = " ".join(message.split())
     line = line.replace(url, "<the URL>") if url else line
-    for secret in secrets:
+    for secret in _secrets(url):
         line = line.replace(secret, "***")
+        line = line.replace(" ".join(secret.split()), "***")  # as the line folding left it
     return line
 
 
@@ -116,6 +150,19 @@ def ddl(statement: str) -> str:
     for pattern, replacement in _DDL_TYPES:
         statement = pattern.sub(replacement, statement)
     return statement
+
+
+IDLE_IN_TRANSACTION_TIMEOUT = "60s"
+"""A worker that vanished inside a transaction (its machine died) holds its locks - a claim
+insert among them, which every other claim of that occurrence waits on - until the server
+ends its session after this long."""
+
+
+def _configure(conn: psycopg.Connection[DictRow]) -> None:
+    conn.execute(
+        "SELECT set_config('idle_in_transaction_session_timeout', %s, false)",
+        (IDLE_IN_TRANSACTION_TIMEOUT,),
+    )
 
 
 class _Tx:
@@ -169,6 +216,12 @@ class PostgresStore(SqlStore):
             "row_factory": dict_row,
             "connect_timeout": connect_timeout_s,
             "application_name": "outloop",
+            # A peer that vanished (a crashed machine, a cut network) is noticed in about a
+            # minute instead of the system's two hours.
+            "keepalives": 1,
+            "keepalives_idle": 30,
+            "keepalives_interval": 10,
+            "keepalives_count": 3,
         }
         self._probe(kwargs)
         self._pool: ConnectionPool[psycopg.Connection[DictRow]] = ConnectionPool(
@@ -180,9 +233,14 @@ class PostgresStore(SqlStore):
             name="outloop-store",
             timeout=self.retry.deadline_s,
             reconnect_timeout=self.retry.deadline_s,
+            configure=_configure,
         )
         self._pool.open(wait=False)
-        self._write(self._migrate, None)
+        try:
+            self._write(self._migrate, None)
+        except BaseException:
+            self._pool.close()
+            raise
 
     def _probe(self, kwargs: dict[str, Any]) -> None:
         """Fail at start, naming the setting, when the URL is wrong or the server is down.
@@ -228,6 +286,7 @@ class PostgresStore(SqlStore):
 
     def _write(self, body: Callable[[Tx], T], verify: Callable[[Tx], Verified[T]] | None) -> T:
         unknown_commit = False
+        committing_pid = 0  # the server process that was committing when the link broke
         attempt = 0
         deadline = time.monotonic() + self.retry.deadline_s
         while True:
@@ -239,6 +298,7 @@ class PostgresStore(SqlStore):
                     if unknown_commit and verify is not None:
                         with self._stats_lock:
                             self.commit_checks += 1
+                        self._settle(conn, committing_pid)
                         found = verify(tx)
                         if found is not None:
                             return found[0]
@@ -249,15 +309,38 @@ class PostgresStore(SqlStore):
                     try:
                         conn.execute("BEGIN")
                         result = body(tx)
-                        committing = True
+                        committing, committing_pid = True, conn.info.backend_pid
                         conn.execute("COMMIT")
                     except BaseException:
                         self._rollback(conn)
                         raise
                     return result
-            except TRANSIENT as exc:
+            except psycopg.Error as exc:
+                if not is_transient(exc):
+                    raise self._refused(exc) from None
                 unknown_commit = unknown_commit or committing
                 self._wait_before_retry(exc, attempt, deadline)
+
+    def _settle(self, conn: psycopg.Connection[DictRow], pid: int) -> None:
+        """Make an unknown commit's outcome final before it is read back: the server process
+        that was committing may still be finishing (the client saw the link break first).
+        Ending it and waiting for it to exit leaves its transaction committed or rolled back
+        for good."""
+        if not pid or pid == conn.info.backend_pid:
+            return
+        try:
+            conn.execute("SELECT pg_terminate_backend(%s, %s)", (pid, SETTLE_TIMEOUT_MS))
+            return
+        except psycopg.errors.InsufficientPrivilege:
+            pass  # not this role's to end: wait for it to go on its own
+        deadline = time.monotonic() + SETTLE_TIMEOUT_MS / 1000
+        while time.monotonic() < deadline:
+            if not conn.execute("SELECT 1 FROM pg_stat_activity WHERE pid = %s", (pid,)).fetchall():
+                return
+            time.sleep(0.05)
+        raise psycopg.OperationalError(
+            f"the server process {pid} that was committing has not finished; retrying"
+        )
 
     def _read(self, sql: str, params: Sequence[Any] = ()) -> list[Any]:
         attempt = 0
@@ -267,8 +350,16 @@ class PostgresStore(SqlStore):
             try:
                 with self._pool.connection() as conn:
                     return conn.execute(_pg(sql), params).fetchall()
-            except TRANSIENT as exc:
+            except psycopg.Error as exc:
+                if not is_transient(exc):
+                    raise self._refused(exc) from None
                 self._wait_before_retry(exc, attempt, deadline)
+
+    def _refused(self, exc: psycopg.Error) -> StoreError:
+        return StoreError(
+            f"PostgreSQL ({self.where}) refused the operation "
+            f"({exc.sqlstate or type(exc).__name__}): {_scrub(str(exc), self._url)}"
+        )
 
     @staticmethod
     def _rollback(conn: psycopg.Connection[DictRow]) -> None:
@@ -314,6 +405,6 @@ class PostgresStore(SqlStore):
             ):
                 try:
                     self._read(check, (r["oid"],))
-                except psycopg.DatabaseError as exc:
-                    problems.append(f"index {r['name']}: {' '.join(str(exc).split())}")
+                except StoreError as exc:  # the index failed its check
+                    problems.append(f"index {r['name']}: {exc}")
         return "ok" if not problems else "; ".join(problems)
