@@ -4,8 +4,10 @@ Uniqueness comes from UNIQUE constraints alone: the claim is an ``INSERT ... ON 
 NOTHING RETURNING`` on the execution key, in the same transaction as the task write. There is
 no check-then-act and no advisory lock. Backends supply connections and transactions
 (``agent/storage/sqlite.py``, ``agent/storage/postgres``); the statements are written once,
-with ``?`` placeholders, and every read-modify-write of a shared row locks that row first
-(``FOR UPDATE`` where the database has row locks; SQLite's write lock covers the whole file).
+with ``?`` placeholders. Where writers run concurrently (PostgreSQL, READ COMMITTED), a
+read-modify-write of a task or a run locks its row first (``FOR UPDATE``), and a change
+decided on an unlocked read is a compare-and-set on everything that read saw (a claim
+takeover); SQLite's write lock serializes every writer anyway.
 """
 
 from __future__ import annotations
