@@ -89,8 +89,9 @@ class Envelope(BaseModel):
         return value
 
 
-MAX_ID_LENGTH = 255
-"""Longer identifiers are replaced by a digest: keys stay within every index's row limit."""
+MAX_ID_LENGTH = 900
+"""Longer identifiers (longer than a mail header line may be) are replaced by a digest, so
+keys stay within every database's index row limit."""
 
 
 def bounded_id(value: str) -> str:

@@ -161,7 +161,8 @@ async def run_cycle(
             continue
         planned.extend(found)
     # The scan may have taken a while: keep the run's lease before recording its items.
-    renewed_at = _renew(store, run_id, holder, clock, renewed_at, force=True)
+    if planned:
+        renewed_at = _renew(store, run_id, holder, clock, renewed_at, force=True)
     store.record_scanned(
         [
             LedgerEntry(run_id=run_id, item_ref=p.ref, occurrence_key=p.key, detail=p.reason)

@@ -441,13 +441,17 @@ class SqlStore:
         def body(conn: Tx) -> Reconciliation:
             # The run's row lock serializes two reconciles of one run.
             found = conn.execute(
-                "SELECT 1 FROM runs WHERE run_id = ?" + self.FOR_UPDATE, (run_id,)
+                "SELECT summary FROM runs WHERE run_id = ?" + self.FOR_UPDATE, (run_id,)
             ).fetchone()
             if found is None:
                 raise StoreError(f"run {run_id} does not exist; nothing to reconcile")
+            if found["summary"] is not None:
+                # Reconciled already (by another worker after its lease ran out, or by an
+                # earlier attempt of this call): its summary stands.
+                return Reconciliation.model_validate_json(found["summary"])
             return self._reconcile_in(conn, run_id, now)
 
-        return self._write(body, None)  # running it again finds the same counts
+        return self._write(body, None)  # running it again finds the run reconciled
 
     def reconcile_stale(
         self, run_id: str, now: datetime, holder_alive: Callable[[str], bool]
@@ -469,7 +473,16 @@ class SqlStore:
                 return None
             return self._reconcile_in(conn, run_id, now)
 
-        return self._write(body, None)  # running it again finds the run reconciled
+        def verify(conn: Tx) -> Verified[Reconciliation | None]:
+            row = conn.execute(
+                "SELECT summary FROM runs WHERE run_id = ? AND reconciled_at = ?",
+                (run_id, ts(now)),
+            ).fetchone()
+            if row is None or row["summary"] is None:
+                return None
+            return (Reconciliation.model_validate_json(row["summary"]),)
+
+        return self._write(body, verify)
 
     def _reconcile_in(self, conn: Tx, run_id: str, now: datetime) -> Reconciliation:
         # Reports write the ledger in their own transaction, so an item without an
@@ -604,6 +617,8 @@ class SqlStore:
                     current = conn.execute(
                         "SELECT * FROM executions WHERE key = ?", (request.key,)
                     ).fetchone()
+                    if self._is_this_claim(current, request, now):
+                        return self._own_claim(conn, request, current)
                     lost = self._contest(current, now, holder_alive)
                     return ClaimResult(
                         outcome=lost or ClaimOutcome.EXECUTION_ALREADY_CLAIMED,

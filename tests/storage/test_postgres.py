@@ -172,6 +172,7 @@ BAD_URLS = {
     "password-echoed-in-an-option": "postgresql://u:{pw}@127.0.0.1:{port}/db?sslmode={pw}",
     "password-in-the-query": "postgresql://u@127.0.0.1:{port}/db?password={pw}%zz&sslmode=require",
     "spaced-password-in-the-query": "postgresql://u@127.0.0.1:{port}/db?password={pw}%20x",
+    "unencoded-at-in-the-password": "postgresql://u:{pw}@x@127.0.0.1:{port}/db",
     "unreachable": "postgresql://u:{pw}@127.0.0.1:{port}/db",
 }
 

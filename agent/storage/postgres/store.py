@@ -20,6 +20,7 @@ import contextlib
 import re
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, LiteralString, cast
@@ -63,6 +64,10 @@ TRANSIENT_STATES = frozenset(
         "57P02",  # crash_shutdown
         "57P03",  # cannot_connect_now (starting up, shutting down)
         "25P03",  # idle_in_transaction_session_timeout
+        "25P04",  # transaction_timeout
+        "57P05",  # idle_session_timeout (a server that ends idle sessions)
+        "57014",  # query_canceled (a server-side statement timeout)
+        "55P03",  # lock_not_available (a server-side lock timeout)
     }
 )
 
@@ -90,6 +95,18 @@ def redacted(url: str) -> str:
 _URL_PASSWORD = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://[^@/?#]*?:([^@]*)@")
 _QUERY_PASSWORD = re.compile(r"[?&]password=([^&#]*)")
 _KEYWORD_PASSWORD = re.compile(r"\bpassword\s*=\s*('(?:[^'\\]|\\.)*'|\S+)")
+
+
+def _refuse_ambiguous_userinfo(url: str) -> None:
+    """A second @ before the host makes the URL's password end early: the rest of it would
+    be read as the host name and show up in messages."""
+    scheme, sep, rest = url.partition("://")
+    authority = re.split(r"[/?#]", rest, maxsplit=1)[0] if sep else ""
+    if scheme and authority.count("@") > 1:
+        raise StoreError(
+            f"{DATABASE_URL_SETTING} has more than one @ before its host; write an @ inside "
+            "the user name or password as %40"
+        )
 
 
 def _secrets(url: str) -> list[str]:
@@ -158,11 +175,14 @@ insert among them, which every other claim of that occurrence waits on - until t
 ends its session after this long."""
 
 
-def _configure(conn: psycopg.Connection[DictRow]) -> None:
-    conn.execute(
-        "SELECT set_config('idle_in_transaction_session_timeout', %s, false)",
+def _session_start(conn: psycopg.Connection[DictRow]) -> Any:
+    """Set the session up; the server process's start time (with its pid, its identity)."""
+    row = conn.execute(
+        "SELECT set_config('idle_in_transaction_session_timeout', %s, false) AS timeout,"
+        " (SELECT backend_start FROM pg_stat_activity WHERE pid = pg_backend_pid()) AS started",
         (IDLE_IN_TRANSACTION_TIMEOUT,),
-    )
+    ).fetchone()
+    return None if row is None else row["started"]
 
 
 class _Tx:
@@ -205,12 +225,16 @@ class PostgresStore(SqlStore):
         retry: RetryPolicy | None = None,
         connect_timeout_s: int = 10,
     ) -> None:
+        _refuse_ambiguous_userinfo(url)
         self.where = redacted(url)
         self.retry = retry or RetryPolicy()
         self.retries = 0  # transient faults survived (for benchmarks and tests)
         self.commit_checks = 0  # commits whose outcome was unknown and was read back
         self._url = url
         self._stats_lock = threading.Lock()
+        self._started: weakref.WeakKeyDictionary[psycopg.Connection[DictRow], Any] = (
+            weakref.WeakKeyDictionary()
+        )
         kwargs: dict[str, Any] = {
             "autocommit": True,
             "row_factory": dict_row,
@@ -233,7 +257,7 @@ class PostgresStore(SqlStore):
             name="outloop-store",
             timeout=self.retry.deadline_s,
             reconnect_timeout=self.retry.deadline_s,
-            configure=_configure,
+            configure=self._configure,
         )
         self._pool.open(wait=False)
         try:
@@ -275,6 +299,9 @@ class PostgresStore(SqlStore):
         if problem is not None:
             raise StoreError(problem)
 
+    def _configure(self, conn: psycopg.Connection[DictRow]) -> None:
+        self._started[conn] = _session_start(conn)
+
     def _migrate(self, conn: Tx) -> None:
         conn.execute(f"SELECT pg_advisory_xact_lock({MIGRATION_LOCK})")
         self._apply_migrations(conn, f"PostgreSQL ({self.where})", ddl)
@@ -286,7 +313,7 @@ class PostgresStore(SqlStore):
 
     def _write(self, body: Callable[[Tx], T], verify: Callable[[Tx], Verified[T]] | None) -> T:
         unknown_commit = False
-        committing_pid = 0  # the server process that was committing when the link broke
+        committing_on: tuple[int, Any] = (0, None)  # the server process that was committing
         attempt = 0
         deadline = time.monotonic() + self.retry.deadline_s
         while True:
@@ -298,7 +325,7 @@ class PostgresStore(SqlStore):
                     if unknown_commit and verify is not None:
                         with self._stats_lock:
                             self.commit_checks += 1
-                        self._settle(conn, committing_pid)
+                        self._settle(conn, committing_on)
                         found = verify(tx)
                         if found is not None:
                             return found[0]
@@ -309,7 +336,8 @@ class PostgresStore(SqlStore):
                     try:
                         conn.execute("BEGIN")
                         result = body(tx)
-                        committing, committing_pid = True, conn.info.backend_pid
+                        committing = True
+                        committing_on = (conn.info.backend_pid, self._started.get(conn))
                         conn.execute("COMMIT")
                     except BaseException:
                         self._rollback(conn)
@@ -321,26 +349,26 @@ class PostgresStore(SqlStore):
                 unknown_commit = unknown_commit or committing
                 self._wait_before_retry(exc, attempt, deadline)
 
-    def _settle(self, conn: psycopg.Connection[DictRow], pid: int) -> None:
+    def _settle(self, conn: psycopg.Connection[DictRow], backend: tuple[int, Any]) -> None:
         """Make an unknown commit's outcome final before it is read back: the server process
         that was committing may still be finishing (the client saw the link break first).
-        Ending it and waiting for it to exit leaves its transaction committed or rolled back
-        for good."""
-        if not pid or pid == conn.info.backend_pid:
+        It is ended, and waited for until it is gone; then its transaction is committed or
+        rolled back for good. The process is named by its pid and its start time, so no other
+        session that got the same pid is touched."""
+        pid, started = backend
+        if not pid or started is None:
             return
-        try:
-            conn.execute("SELECT pg_terminate_backend(%s, %s)", (pid, SETTLE_TIMEOUT_MS))
-            return
-        except psycopg.errors.InsufficientPrivilege:
-            pass  # not this role's to end: wait for it to go on its own
+        match = "FROM pg_stat_activity WHERE pid = %s AND backend_start = %s"
+        with contextlib.suppress(psycopg.errors.InsufficientPrivilege):
+            # Not this role's to end: then it is only waited for.
+            conn.execute("SELECT pg_terminate_backend(pid) " + match, (pid, started))
         deadline = time.monotonic() + SETTLE_TIMEOUT_MS / 1000
-        while time.monotonic() < deadline:
-            if not conn.execute("SELECT 1 FROM pg_stat_activity WHERE pid = %s", (pid,)).fetchall():
-                return
-            time.sleep(0.05)
-        raise psycopg.OperationalError(
-            f"the server process {pid} that was committing has not finished; retrying"
-        )
+        while conn.execute("SELECT 1 " + match, (pid, started)).fetchall():
+            if time.monotonic() > deadline:
+                raise psycopg.OperationalError(
+                    f"the server process {pid} that was committing has not finished; retrying"
+                )
+            time.sleep(0.02)
 
     def _read(self, sql: str, params: Sequence[Any] = ()) -> list[Any]:
         attempt = 0
