@@ -19,7 +19,7 @@ from agent import crashpoints
 from agent.domain.errors import OutloopError
 from agent.services import intake, workspaces
 from agent.services.clock import SystemClock
-from bench import claims, reconcile
+from bench import claims, reconcile, render
 from mcp_server import demo
 from mcp_server.composition import (
     DATA_DIR_ENV,
@@ -441,6 +441,26 @@ def bench_reconcile(
         click.echo(f"[{name}]")
         for key, value in figures.items():
             click.echo(f"{key:>24}  {value}")
+
+
+@bench.command("render")
+@click.option(
+    "--seconds",
+    type=click.FloatRange(min=0.1),
+    default=3.0,
+    show_default=True,
+    help="How long to measure each side.",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object as the last line.")
+def bench_render(seconds: float, as_json: bool) -> None:
+    """Render plus read-back verification of a Hebrew reply, on one core, against the bare
+    template render."""
+    result = render.run(seconds)
+    if as_json:
+        click.echo(json.dumps(result))
+        return
+    for key, value in result.items():
+        click.echo(f"{key:>16}  {value}")
 
 
 if __name__ == "__main__":  # pragma: no cover

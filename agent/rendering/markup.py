@@ -1,0 +1,245 @@
+"""Markdown (or plain text) as an agent writes it, to email-safe HTML fragments.
+
+markdown-it-py parses the draft with raw HTML disabled: a tag typed into a draft is shown as
+text, never passed through. Every block gets its own ``dir``, ``lang`` and alignment, and
+inside right-to-left blocks each left-to-right fragment (URL, email address, price, date,
+time, phone number, ID, Latin run) is wrapped in a bidi isolate, whole.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from html import escape
+from typing import Any
+
+from markdown_it import MarkdownIt
+from markdown_it.token import Token
+
+from agent.rendering.bidi import (
+    Direction,
+    FragmentKind,
+    paragraph_direction,
+    script_language,
+    segments,
+)
+
+# Blocks whose own text decides their direction, and the containers that take the message's.
+_TEXT_BLOCKS = ("paragraph_open", "heading_open", "th_open", "td_open")
+_CONTAINERS = ("bullet_list_open", "ordered_list_open", "blockquote_open", "table_open")
+
+_STYLE = {
+    "p": "margin:0 0 12px 0;",
+    "h1": "margin:0 0 12px 0;font-size:20px;",
+    "h2": "margin:0 0 12px 0;font-size:18px;",
+    "h3": "margin:0 0 12px 0;font-size:16px;",
+    "blockquote": "margin:0 0 12px 0;",
+    "table": "border-collapse:collapse;margin:0 0 12px 0;",
+    "th": "border:1px solid #cccccc;padding:4px 8px;font-weight:bold;",
+    "td": "border:1px solid #cccccc;padding:4px 8px;",
+    "ul": "margin:0 0 12px 0;",
+    "ol": "margin:0 0 12px 0;",
+    "pre": "margin:0 0 12px 0;padding:8px;background:#f4f4f4;white-space:pre-wrap;",
+}
+
+
+@dataclass(frozen=True)
+class Fragment:
+    """A left-to-right fragment isolated inside right-to-left text."""
+
+    text: str
+    kind: FragmentKind
+
+
+@dataclass(frozen=True)
+class Block:
+    """One block's text as a reader sees it (Markdown interpreted), and its direction."""
+
+    text: str
+    direction: Direction
+    prefix: str = ""  # how the plain-text alternative marks it: "- ", "1. ", "> "
+
+
+@dataclass
+class Markup:
+    """Rendered HTML for a run of blocks, with what the read-back must find in it."""
+
+    html: str
+    fragments: list[Fragment] = field(default_factory=list[Fragment])
+    blocks: list[Block] = field(default_factory=list[Block])
+
+
+def inline_text(children: Sequence[Token]) -> str:
+    """What an inline run reads as: its text and code, line breaks kept."""
+    out: list[str] = []
+    for tok in children:
+        if tok.type in ("text", "code_inline"):
+            out.append(tok.content)
+        elif tok.type in ("softbreak", "hardbreak"):
+            out.append("\n")
+        elif tok.type == "image":
+            out.append(tok.content)
+    return "".join(out)
+
+
+def _parser() -> MarkdownIt:
+    md = MarkdownIt("commonmark", {"html": False, "linkify": True, "typographer": False})
+    md.enable(["table", "strikethrough", "linkify"])
+    return md
+
+
+_MD = _parser()
+
+
+def isolate_html(text: str, kind: FragmentKind) -> str:
+    """A fragment kept left to right inside right-to-left text. ``bdi`` is the isolate;
+    the ``span dir="ltr"`` around it keeps the fragment isolated where a client drops
+    ``bdi``, and its inline style does where a client drops the attribute."""
+    return (
+        f'<span dir="ltr" data-ltr="{kind.value}" style="direction:ltr;unicode-bidi:isolate;">'
+        f'<bdi dir="ltr">{escape(text, quote=False)}</bdi></span>'
+    )
+
+
+class _Renderer:
+    def __init__(self, message: Direction, language: str) -> None:
+        self.message = message
+        self.language = language
+        self.fragments: list[Fragment] = []
+        self.blocks: list[Block] = []
+
+    def text(self, content: str, direction: Direction) -> str:
+        if direction is Direction.LTR:
+            return escape(content, quote=False)
+        out: list[str] = []
+        for seg in segments(content):
+            if seg.kind is None:
+                out.append(escape(seg.text, quote=False))
+            else:
+                self.fragments.append(Fragment(seg.text, seg.kind))
+                out.append(isolate_html(seg.text, seg.kind))
+        return "".join(out)
+
+    def block_attrs(self, tag: str, direction: Direction, lang: str) -> str:
+        style = f"direction:{direction.value};text-align:{direction.align};" + _STYLE.get(tag, "")
+        if tag == "blockquote":  # the quote bar on the side the text starts from
+            side = "right" if direction is Direction.RTL else "left"
+            style += f"border-{side}:3px solid #cccccc;padding-{side}:12px;"
+        return f' dir="{direction.value}" lang="{lang}" style="{style}"'
+
+    def render(self, tokens: Sequence[Token]) -> str:
+        out: list[str] = []
+        stack: list[Direction] = [self.message]
+        block_dir = self.message
+        lists: list[list[int]] = []  # per open list: [next number, or -1 for bullets]
+        quotes = 0
+        for i, tok in enumerate(tokens):
+            if tok.type in _TEXT_BLOCKS:
+                inline = tokens[i + 1] if i + 1 < len(tokens) else None
+                content = inline_text(inline.children or []) if inline is not None else ""
+                block_dir = paragraph_direction(content, self.message)
+                lang = script_language(content, self.language)
+                out.append(f"<{tok.tag}{self.block_attrs(tok.tag, block_dir, lang)}>")
+                if content.strip():
+                    prefix = "> " * quotes
+                    if lists and tok.type == "paragraph_open":
+                        number = lists[-1][0]
+                        prefix += "- " if number < 0 else f"{number}. "
+                    self.blocks.append(Block(content, block_dir, prefix))
+                stack.append(block_dir)
+            elif tok.type in _CONTAINERS:
+                if tok.type == "bullet_list_open":
+                    lists.append([-1])
+                elif tok.type == "ordered_list_open":
+                    lists.append([int(str(tok.attrs.get("start") or 1))])
+                elif tok.type == "blockquote_open":
+                    quotes += 1
+                attrs = self.block_attrs(tok.tag, self.message, self.language)
+                if tok.tag == "ol" and tok.attrs.get("start"):
+                    attrs += f' start="{int(str(tok.attrs["start"]))}"'
+                out.append(f"<{tok.tag}{attrs}>")
+            elif tok.type == "list_item_open":
+                out.append(f'<li dir="{self.message.value}">')
+            elif tok.nesting == -1:
+                if tok.type.replace("_close", "_open") in _TEXT_BLOCKS and len(stack) > 1:
+                    stack.pop()
+                    block_dir = stack[-1]
+                elif tok.type in ("bullet_list_close", "ordered_list_close") and lists:
+                    lists.pop()
+                elif tok.type == "blockquote_close":
+                    quotes -= 1
+                elif tok.type == "list_item_close" and lists and lists[-1][0] >= 0:
+                    lists[-1][0] += 1
+                out.append(f"</{tok.tag}>")
+            elif tok.type == "inline":
+                out.append(self.inline(tok.children or [], block_dir))
+            elif tok.type in ("fence", "code_block"):
+                self.blocks.append(Block(tok.content.rstrip("\n"), Direction.LTR, "    "))
+                out.append(
+                    f'<pre dir="ltr" style="direction:ltr;text-align:left;{_STYLE["pre"]}">'
+                    f'<code dir="ltr">{escape(tok.content, quote=False)}</code></pre>'
+                )
+            elif tok.type == "hr":
+                out.append('<hr style="border:0;border-top:1px solid #cccccc;">')
+            elif tok.nesting == 1:
+                out.append(f"<{tok.tag}>")
+        return "".join(out)
+
+    def inline(self, children: Sequence[Token], direction: Direction) -> str:
+        out: list[str] = []
+        for tok in children:
+            if tok.type == "text":
+                out.append(self.text(tok.content, direction))
+            elif tok.type == "code_inline":
+                out.append(self._code(tok.content, direction))
+            elif tok.type in ("softbreak", "hardbreak"):
+                out.append("<br>" if tok.type == "hardbreak" else "\n")
+            elif tok.type == "link_open":
+                href = str(tok.attrs.get("href", ""))
+                out.append(f'<a href="{escape(_safe_href(href))}" style="color:#1a0dab;">')
+            elif tok.type == "image":
+                # Images from a draft are not fetched or embedded: their text stays.
+                out.append(self.text(tok.content, direction))
+            elif tok.nesting == 1:
+                out.append(f"<{tok.tag}>")
+            elif tok.nesting == -1:
+                out.append(f"</{tok.tag}>")
+        return "".join(out)
+
+    def _code(self, content: str, direction: Direction) -> str:
+        code = f'<code dir="ltr">{escape(content, quote=False)}</code>'
+        if direction is Direction.RTL:
+            self.fragments.append(Fragment(content, FragmentKind.LATIN))
+            return (
+                f'<span dir="ltr" data-ltr="code" style="direction:ltr;unicode-bidi:isolate;">'
+                f"{code}</span>"
+            )
+        return code
+
+
+_SAFE_SCHEMES = ("http://", "https://", "mailto:", "tel:")
+
+
+def _safe_href(href: str) -> str:
+    """Only web, mail and phone links; anything else (javascript:, data:) is dropped."""
+    return href if href.lower().startswith(_SAFE_SCHEMES) else "#"
+
+
+def render_markdown(draft: str, message: Direction, language: str) -> Markup:
+    """The draft's blocks as HTML, each with its direction, language and alignment."""
+    renderer = _Renderer(message, language)
+    env: dict[str, Any] = {}
+    html = renderer.render(_MD.parse(draft, env))
+    return Markup(html=html, fragments=renderer.fragments, blocks=renderer.blocks)
+
+
+def render_plain_block(text: str, message: Direction, language: str, tag: str = "p") -> Markup:
+    """One block of plain text (a greeting, a signature line) rendered like a paragraph."""
+    renderer = _Renderer(message, language)
+    direction = paragraph_direction(text, message)
+    lang = script_language(text, language)
+    lines = text.split("\n")
+    body = "<br>".join(renderer.text(line, direction) for line in lines)
+    html = f"<{tag}{renderer.block_attrs(tag, direction, lang)}>{body}</{tag}>"
+    blocks = [Block(text, direction)] if text.strip() else []
+    return Markup(html=html, fragments=renderer.fragments, blocks=blocks)
