@@ -70,6 +70,8 @@ def script_language(text: str, message_language: str) -> str:
     message's direction, else the most likely language of the other script."""
     message = language_direction(message_language)
     ltr, rtl = strong_counts(text)
+    if not ltr and not rtl:  # no letters at all (a price, a time): the message's language
+        return message_language
     if (rtl and message is Direction.RTL) or (ltr and message is Direction.LTR):
         return message_language
     if rtl:

@@ -139,7 +139,10 @@ class _Renderer:
                 content = inline_text(inline.children or []) if inline is not None else ""
                 block_dir = paragraph_direction(content, self.message)
                 lang = script_language(content, self.language)
-                out.append(f"<{tok.tag}{self.block_attrs(tok.tag, block_dir, lang)}>")
+                attrs = self.block_attrs(tok.tag, block_dir, lang)
+                if tok.hidden:  # a tight list's item: a paragraph without the spacing
+                    attrs = attrs.replace("margin:0 0 12px 0;", "margin:0;")
+                out.append(f"<{tok.tag}{attrs}>")
                 if content.strip():
                     prefix = "> " * quotes
                     if lists and tok.type == "paragraph_open":
