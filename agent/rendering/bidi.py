@@ -93,7 +93,8 @@ class FragmentKind(StrEnum):
 
 _CURRENCY = r"[₪$€£¥]"
 _CODES = r"(?:NIS|ILS|USD|EUR|GBP|AED|SAR|JOD|EGP)"
-_AMOUNT = r"\d{1,3}(?:,\d{3})+(?:\.\d+)?|\d+(?:\.\d+)?"
+# 1,250.00 and 1.250,00 (thousands grouped either way), 1250.00, 1250,00 and 1250.
+_AMOUNT = r"\d{1,3}(?:,\d{3})+(?:\.\d+)?|\d{1,3}(?:\.\d{3})+(?:,\d+)?|\d+(?:[.,]\d{1,2})?(?!\d)"
 # Sentence punctuation (Latin, Hebrew gershayim/geresh, Arabic comma/semicolon/question mark,
 # ellipsis) that ends a sentence rather than a URL or a Latin run.
 _TRAILING = ".,;:!?)]}'\"\u05f4\u05f3\u060c\u061b\u061f\u2026"
@@ -116,15 +117,21 @@ _PATTERNS: tuple[tuple[FragmentKind, str], ...] = (
         r"\b(?:\d{4}-\d{2}-\d{2}(?:[T ]\d{2}:\d{2}(?::\d{2})?)?|\d{1,2}[./-]\d{1,2}[./-]\d{2,4})\b",
     ),
     (FragmentKind.TIME, r"\b\d{1,2}:\d{2}(?::\d{2})?(?:\s?[AaPp][Mm])?\b"),
-    (FragmentKind.PHONE, r"(?<![\w+])\+?\d[\d\-. ()]{6,}\d\b"),
+    (FragmentKind.PHONE, r"(?<![\w+(])(?:\(\d{1,4}\)\s?)?\+?\d[\d\-. ()]{6,}\d\b"),
     (FragmentKind.ID, r"#\d+\b|\b[A-Z]{2,}[-_]?\d[A-Za-z0-9_-]*\b|\b\d+-\d+(?:-\d+)+\b"),
-    (
-        FragmentKind.LATIN,
-        r"[A-Za-z][A-Za-z0-9_.+#&'\u2019/-]*"
-        r"(?:[ \t]+(?=[A-Za-z0-9])[A-Za-z0-9_.+#&'\u2019/-]+)*",
-    ),
+    (FragmentKind.LATIN, r"[A-Za-z][A-Za-z0-9_.+#&'\u2019/-]*"),
 )
-_FRAGMENT_RE = re.compile("|".join(f"(?P<{kind.value}>{rx})" for kind, rx in _PATTERNS))
+# A Latin run goes on over spaces from word to word, but never into a fragment of another
+# kind: "Contoso support@contoso.test" is a name and an address, not one run.
+_OTHERS = "|".join(rx for kind, rx in _PATTERNS if kind is not FragmentKind.LATIN)
+_LATIN_WORD = r"[A-Za-z0-9_.+#&'\u2019/-]+"
+_LATIN_RUN = _PATTERNS[-1][1] + rf"(?:[ \t]+(?!{_OTHERS})(?=[A-Za-z0-9]){_LATIN_WORD})*"
+_FRAGMENT_RE = re.compile(
+    "|".join(
+        f"(?P<{kind.value}>{_LATIN_RUN if kind is FragmentKind.LATIN else rx})"
+        for kind, rx in _PATTERNS
+    )
+)
 
 
 @dataclass(frozen=True)
@@ -146,7 +153,7 @@ def segments(text: str) -> list[Segment]:
         fragment = match.group()
         # Sentence punctuation after a URL or a Latin run belongs to the sentence.
         trims = kind in (FragmentKind.URL, FragmentKind.LATIN)
-        stripped = fragment.rstrip(_TRAILING) if trims else fragment
+        stripped = trim_trailing(fragment) if trims else fragment
         if not stripped:
             continue
         if start > at:
@@ -159,6 +166,16 @@ def segments(text: str) -> list[Segment]:
     if at < len(text):
         out.append(Segment(text[at:]))
     return _merge_plain(out)
+
+
+def trim_trailing(fragment: str) -> str:
+    """Drop sentence punctuation from the end, but keep a closing parenthesis that closes
+    one opened inside the fragment (https://en.wikipedia.org/wiki/Widget_(software))."""
+    while fragment and fragment[-1] in _TRAILING:
+        if fragment[-1] == ")" and fragment.count("(") >= fragment.count(")"):
+            break
+        fragment = fragment[:-1]
+    return fragment
 
 
 def _merge_plain(parts: list[Segment]) -> list[Segment]:

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from html import escape
 from typing import Any
+from urllib.parse import quote
 
 from markdown_it import MarkdownIt
 from markdown_it.token import Token
@@ -22,6 +23,7 @@ from agent.rendering.bidi import (
     paragraph_direction,
     script_language,
     segments,
+    trim_trailing,
 )
 
 # Blocks whose own text decides their direction, and the containers that take the message's.
@@ -190,7 +192,10 @@ class _Renderer:
 
     def inline(self, children: Sequence[Token], direction: Direction) -> str:
         out: list[str] = []
-        for tok in children:
+        after_link = ""  # sentence punctuation a bare URL's link took along, put back after it
+        for tok in _untangle_linkified(children):
+            if tok.type == "link_close" and tok.meta.get("after"):
+                after_link = str(tok.meta["after"])
             if tok.type == "text":
                 out.append(self.text(tok.content, direction))
             elif tok.type == "code_inline":
@@ -207,6 +212,9 @@ class _Renderer:
                 out.append(f"<{tok.tag}>")
             elif tok.nesting == -1:
                 out.append(f"</{tok.tag}>")
+                if after_link:
+                    out.append(self.text(after_link, direction))
+                    after_link = ""
         return "".join(out)
 
     def _code(self, content: str, direction: Direction) -> str:
@@ -218,6 +226,29 @@ class _Renderer:
                 f"{code}</span>"
             )
         return code
+
+
+def _untangle_linkified(children: Sequence[Token]) -> list[Token]:
+    """A bare URL that was made a link keeps sentence punctuation that follows it (an Arabic
+    comma, a closing Hebrew quote) out of both its text and its address."""
+    out = list(children)
+    for i, tok in enumerate(out):
+        if tok.type != "link_open" or tok.markup != "linkify" or i + 2 >= len(out):
+            continue
+        text, close = out[i + 1], out[i + 2]
+        if text.type != "text" or close.type != "link_close":
+            continue
+        kept = trim_trailing(text.content)
+        if kept == text.content or not kept:
+            continue
+        tail = text.content[len(kept) :]
+        out[i + 1] = text.copy(content=kept)
+        out[i + 2] = close.copy(meta={**close.meta, "after": tail})
+        href = str(tok.attrs.get("href", ""))
+        if href.endswith(quote(tail, safe="")) or href.endswith(tail):
+            cut = len(quote(tail, safe="")) if href.endswith(quote(tail, safe="")) else len(tail)
+            out[i] = tok.copy(attrs={**tok.attrs, "href": href[:-cut]})
+    return out
 
 
 _SAFE_SCHEMES = ("http://", "https://", "mailto:", "tel:")

@@ -138,11 +138,21 @@ def _elements(root: LexborNode) -> tuple[list[_Element], dict[int, str]]:
     return out, texts
 
 
+_INLINE = frozenset(
+    {"a", "abbr", "b", "bdi", "bdo", "code", "em", "font", "i", "s", "del", "small", "span",
+     "strong", "sub", "sup", "u"}
+)  # fmt: skip
+
+
 def _innermost_with_text(elements: list[_Element], text: str) -> LexborNode | None:
-    """The deepest element whose whole text is ``text`` (modulo whitespace)."""
+    """The deepest block element whose whole text is ``text`` (modulo whitespace). Inline
+    elements do not count: a block holding only a price is the block, not the price's
+    isolate inside it."""
     want = squash(text)
     best: _Element | None = None
     for element in elements:
+        if element.node.tag in _INLINE:
+            continue
         if element.text == want and (best is None or element.depth > best.depth):
             best = element
     return None if best is None else best.node
