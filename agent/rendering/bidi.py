@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import re
 import unicodedata
+from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
@@ -194,11 +195,21 @@ LRI, RLI, PDI = "\u2066", "\u2067", "\u2069"
 LRM, RLM = "\u200e", "\u200f"
 
 
-def isolate_plain(text: str, direction: Direction) -> str:
-    """One paragraph of plain text that displays in ``direction`` with its left-to-right
-    fragments isolated."""
+def isolate_plain(text: str, direction: Direction, whole: Sequence[tuple[int, int]] = ()) -> str:
+    """One block of plain text that displays in ``direction`` (a mark opens every line),
+    with its left-to-right fragments isolated; the ``whole`` spans (inline code) are each
+    one isolate, never re-read as text."""
     if direction is Direction.LTR:
-        return LRM + text
-    return RLM + "".join(
-        LRI + s.text + PDI if s.kind is not None else s.text for s in segments(text)
-    )
+        return "\n".join(LRM + line for line in text.split("\n"))
+    out: list[str] = []
+    at = 0
+    for start, end in sorted(whole):
+        out.extend(_isolated(text[at:start]))
+        out.append(LRI + text[start:end] + PDI)
+        at = end
+    out.extend(_isolated(text[at:]))
+    return "\n".join(RLM + line for line in "".join(out).split("\n"))
+
+
+def _isolated(text: str) -> list[str]:
+    return [LRI + s.text + PDI if s.kind is not None else s.text for s in segments(text)]

@@ -60,6 +60,7 @@ class Block:
     text: str
     direction: Direction
     prefix: str = ""  # how the plain-text alternative marks it: "- ", "1. ", "> "
+    code: tuple[tuple[int, int], ...] = ()  # inline code spans in ``text``, isolated whole
 
 
 @dataclass
@@ -73,20 +74,36 @@ class Markup:
 
 def inline_text(children: Sequence[Token]) -> str:
     """What an inline run reads as: its text and code, line breaks kept."""
+    return _inline_text(children)[0]
+
+
+def _inline_text(children: Sequence[Token]) -> tuple[str, tuple[tuple[int, int], ...]]:
+    """The inline run's text, and where its inline code spans are in it."""
     out: list[str] = []
+    code: list[tuple[int, int]] = []
+    at = 0
     for tok in children:
+        if tok.type == "code_inline":
+            code.append((at, at + len(tok.content)))
         if tok.type in ("text", "code_inline"):
             out.append(tok.content)
-        elif tok.type in ("softbreak", "hardbreak"):
+            at += len(tok.content)
+            continue
+        if tok.type in ("softbreak", "hardbreak"):
             out.append("\n")
+            at += 1
         elif tok.type == "image":
             out.append(tok.content)
-    return "".join(out)
+            at += len(tok.content)
+    return "".join(out), tuple(code)
 
 
 def _parser() -> MarkdownIt:
     md = MarkdownIt("commonmark", {"html": False, "linkify": True, "typographer": False})
     md.enable(["table", "strikethrough", "linkify"])
+    # Every link is parsed as a link, so its Markdown syntax never reaches the reader; one to
+    # anything but the web, mail or phone is then rendered as its text alone (_safe_href).
+    md.validateLink = lambda url: True  # pyright: ignore[reportAttributeAccessIssue]
     return md
 
 
@@ -138,7 +155,7 @@ class _Renderer:
         for i, tok in enumerate(tokens):
             if tok.type in _TEXT_BLOCKS:
                 inline = tokens[i + 1] if i + 1 < len(tokens) else None
-                content = inline_text(inline.children or []) if inline is not None else ""
+                content, code = _inline_text(inline.children or []) if inline else ("", ())
                 block_dir = paragraph_direction(content, self.message)
                 lang = script_language(content, self.language)
                 attrs = self.block_attrs(tok.tag, block_dir, lang)
@@ -150,7 +167,7 @@ class _Renderer:
                     if lists and tok.type == "paragraph_open":
                         number = lists[-1][0]
                         prefix += "- " if number < 0 else f"{number}. "
-                    self.blocks.append(Block(content, block_dir, prefix))
+                    self.blocks.append(Block(content, block_dir, prefix, code))
                 stack.append(block_dir)
             elif tok.type in _CONTAINERS:
                 if tok.type == "bullet_list_open":
@@ -193,6 +210,7 @@ class _Renderer:
     def inline(self, children: Sequence[Token], direction: Direction) -> str:
         out: list[str] = []
         after_link = ""  # sentence punctuation a bare URL's link took along, put back after it
+        links: list[bool] = []  # per open link: whether it was rendered as a link
         for tok in _untangle_linkified(children):
             if tok.type == "link_close" and tok.meta.get("after"):
                 after_link = str(tok.meta["after"])
@@ -203,8 +221,16 @@ class _Renderer:
             elif tok.type in ("softbreak", "hardbreak"):
                 out.append("<br>" if tok.type == "hardbreak" else "\n")
             elif tok.type == "link_open":
-                href = str(tok.attrs.get("href", ""))
-                out.append(f'<a href="{escape(_safe_href(href))}" style="color:#1a0dab;">')
+                href = _safe_href(str(tok.attrs.get("href", "")))
+                links.append(href is not None)
+                if href is not None:
+                    out.append(f'<a href="{escape(href)}" style="color:#1a0dab;">')
+            elif tok.type == "link_close":
+                if links.pop() if links else False:
+                    out.append("</a>")
+                if after_link:
+                    out.append(self.text(after_link, direction))
+                    after_link = ""
             elif tok.type == "image":
                 # Images from a draft are not fetched or embedded: their text stays.
                 out.append(self.text(tok.content, direction))
@@ -212,9 +238,6 @@ class _Renderer:
                 out.append(f"<{tok.tag}>")
             elif tok.nesting == -1:
                 out.append(f"</{tok.tag}>")
-                if after_link:
-                    out.append(self.text(after_link, direction))
-                    after_link = ""
         return "".join(out)
 
     def _code(self, content: str, direction: Direction) -> str:
@@ -254,9 +277,10 @@ def _untangle_linkified(children: Sequence[Token]) -> list[Token]:
 _SAFE_SCHEMES = ("http://", "https://", "mailto:", "tel:")
 
 
-def _safe_href(href: str) -> str:
-    """Only web, mail and phone links; anything else (javascript:, data:) is dropped."""
-    return href if href.lower().startswith(_SAFE_SCHEMES) else "#"
+def _safe_href(href: str) -> str | None:
+    """Only web, mail and phone links; anything else (javascript:, data:, a relative path)
+    is no link at all: its text stays, without an address."""
+    return href if href.lower().startswith(_SAFE_SCHEMES) else None
 
 
 def render_markdown(draft: str, message: Direction, language: str) -> Markup:

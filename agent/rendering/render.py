@@ -161,6 +161,6 @@ def _plain_text(blocks: list[Block]) -> str:
     by a mark that fixes its direction, with its left-to-right fragments isolated."""
     paragraphs: list[str] = []
     for block in blocks:
-        lines = [isolate_plain(line, block.direction) for line in block.text.split("\n")]
+        lines = isolate_plain(block.text, block.direction, block.code).split("\n")
         paragraphs.append("\n".join(f"{block.prefix}{line}" for line in lines))
     return "\n\n".join(paragraphs) + "\n"
