@@ -110,14 +110,86 @@ def _parser() -> MarkdownIt:
 _MD = _parser()
 
 
-def isolate_html(text: str, kind: FragmentKind) -> str:
+def isolate_html(text: str, kind: FragmentKind, inner: str | None = None) -> str:
     """A fragment kept left to right inside right-to-left text. ``bdi`` is the isolate;
     the ``span dir="ltr"`` around it keeps the fragment isolated where a client drops
-    ``bdi``, and its inline style does where a client drops the attribute."""
+    ``bdi``, and its inline style does where a client drops the attribute. ``inner`` is the
+    fragment's HTML when it carries markup of its own."""
+    body = escape(text, quote=False) if inner is None else inner
     return (
         f'<span dir="ltr" data-ltr="{kind.value}" style="direction:ltr;unicode-bidi:isolate;">'
-        f'<bdi dir="ltr">{escape(text, quote=False)}</bdi></span>'
+        f'<bdi dir="ltr">{body}</bdi></span>'
     )
+
+
+_MARKS = {"strong_open": "strong", "em_open": "em", "s_open": "s"}
+
+
+def _join_marked_runs(children: Sequence[Token]) -> list[Token]:
+    """A Latin run that emphasis splits (``Contoso **Widget Pro**``) becomes one isolate
+    holding the emphasis, so a right-to-left paragraph does not show its words reversed."""
+    toks = list(children)
+    k = 0
+    while k + 2 < len(toks):
+        opened, mid, closed = toks[k], toks[k + 1], toks[k + 2]
+        tag = _MARKS.get(opened.type)
+        whole = segments(mid.content) if mid.type == "text" else []
+        if (
+            tag is None
+            or closed.type != opened.type.replace("_open", "_close")
+            or len(whole) != 1
+            or whole[0].kind is not FragmentKind.LATIN
+        ):
+            k += 1
+            continue
+        left = toks[k - 1] if k > 0 and toks[k - 1].type == "text" else None
+        right = toks[k + 3] if k + 3 < len(toks) and toks[k + 3].type == "text" else None
+        head, lead = _latin_tail(left.content) if left else ("", "")
+        tail, rest = _latin_head(right.content) if right else ("", "")
+        if not lead and not tail:
+            k += 1
+            continue
+        inner = (
+            escape(lead, quote=False)
+            + f"<{tag}>{escape(mid.content, quote=False)}</{tag}>"
+            + escape(tail, quote=False)
+        )
+        joined = Token("outloop_isolate", "", 0, content=lead + mid.content + tail)
+        joined.meta = {"html": inner}
+        start = k - 1 if left else k
+        end = k + 4 if right else k + 3
+        replacement = [
+            *([left.copy(content=head)] if left and head else []),
+            joined,
+            *([right.copy(content=rest)] if right and rest else []),
+        ]
+        toks[start:end] = replacement
+        k = start + len(replacement)
+    return toks
+
+
+def _latin_head(text: str) -> tuple[str, str]:
+    """(the spaces and Latin run that open ``text``, after), or ("", text) if none does."""
+    parts = segments(text)
+    first = parts[0] if parts else None
+    spaces = first.text if first and first.kind is None and not first.text.strip() else ""
+    core = parts[1:] if spaces else parts
+    if not core or core[0].kind is not FragmentKind.LATIN:
+        return "", text
+    tail = spaces + core[0].text
+    return tail, text[len(tail) :]
+
+
+def _latin_tail(text: str) -> tuple[str, str]:
+    """(before, the Latin run and spaces that end ``text``), or (text, "") if none does."""
+    parts = segments(text)
+    last = parts[-1] if parts else None
+    spaces = last.text if last and last.kind is None and not last.text.strip() else ""
+    core = parts[:-1] if spaces else parts
+    if not core or core[-1].kind is not FragmentKind.LATIN:
+        return text, ""
+    lead = core[-1].text + spaces
+    return text[: len(text) - len(lead)], lead
 
 
 class _Renderer:
@@ -211,7 +283,14 @@ class _Renderer:
         out: list[str] = []
         after_link = ""  # sentence punctuation a bare URL's link took along, put back after it
         links: list[bool] = []  # per open link: whether it was rendered as a link
-        for tok in _untangle_linkified(children):
+        tokens = _untangle_linkified(children)
+        if direction is Direction.RTL:
+            tokens = _join_marked_runs(tokens)
+        for tok in tokens:
+            if tok.type == "outloop_isolate":
+                self.fragments.append(Fragment(tok.content, FragmentKind.LATIN))
+                out.append(isolate_html(tok.content, FragmentKind.LATIN, str(tok.meta["html"])))
+                continue
             if tok.type == "link_close" and tok.meta.get("after"):
                 after_link = str(tok.meta["after"])
             if tok.type == "text":
