@@ -30,10 +30,9 @@ import pytest
 import yaml
 from selectolax.lexbor import LexborHTMLParser, LexborNode
 
-from agent.domain.envelope import Address
-from agent.domain.mail import OutgoingMessage, StoredCopy
 from agent.rendering.render import RenderedMessage, render_message
 from agent.rendering.verify import verify_read_back
+from tests.rendering.stored import sent_and_stored
 
 CASES_FILE = Path(__file__).parent / "golden" / "cases.yaml"
 SUBJECT = "Re: ההזמנה ORD-2026-0042"
@@ -372,38 +371,10 @@ def test_golden_expectations(case: GoldenCase) -> None:
     assert not failures, f"{case.id} ({case.covers}):\n  " + "\n  ".join(failures)
 
 
-def _sent_and_stored(rendered: RenderedMessage) -> tuple[OutgoingMessage, StoredCopy]:
-    sender = Address(address="noa.bar@fabrikam.test", name="נועה בר")
-    to = (Address(address="dana.levi@contoso.test", name="Dana Levi"),)
-    sent = OutgoingMessage(
-        provider_thread_id="thread-42",
-        in_reply_to="<m1@contoso.test>",
-        references=("<m1@contoso.test>",),
-        sender=sender,
-        to=to,
-        subject=rendered.subject,
-        text=rendered.text,
-        html=rendered.html,
-        internet_message_id="<reply-42@fabrikam.test>",
-    )
-    stored = StoredCopy(
-        provider_message_id="provider-42",
-        provider_thread_id="thread-42",
-        internet_message_id="<reply-42@fabrikam.test>",
-        sender=sender,
-        to=to,
-        cc=(),
-        subject=rendered.subject,
-        text=rendered.text,
-        html=rendered.html,
-    )
-    return sent, stored
-
-
 @pytest.mark.parametrize("case", [c.param("read_back") for c in CASES])
 def test_golden_read_back_of_an_unmodified_copy_passes(case: GoldenCase) -> None:
     rendered = case.render()
-    sent, stored = _sent_and_stored(rendered)
+    sent, stored = sent_and_stored(rendered)
     report = verify_read_back(rendered, sent, stored)
     assert report.ok, [(c.name, c.detail) for c in report.failed]
     assert {c.name for c in report.checks} >= {"wrapper.direction", "blocks", "fragments"}
