@@ -72,13 +72,9 @@ class Markup:
     blocks: list[Block] = field(default_factory=list[Block])
 
 
-def inline_text(children: Sequence[Token]) -> str:
-    """What an inline run reads as: its text and code, line breaks kept."""
-    return _inline_text(children)[0]
-
-
-def _inline_text(children: Sequence[Token]) -> tuple[str, tuple[tuple[int, int], ...]]:
-    """The inline run's text, and where its inline code spans are in it."""
+def inline_text(children: Sequence[Token]) -> tuple[str, tuple[tuple[int, int], ...]]:
+    """What an inline run reads as (its text and code, line breaks kept), and where its
+    inline code spans are in that text."""
     out: list[str] = []
     code: list[tuple[int, int]] = []
     at = 0
@@ -227,7 +223,7 @@ class _Renderer:
         for i, tok in enumerate(tokens):
             if tok.type in _TEXT_BLOCKS:
                 inline = tokens[i + 1] if i + 1 < len(tokens) else None
-                content, code = _inline_text(inline.children or []) if inline else ("", ())
+                content, code = inline_text(inline.children or []) if inline else ("", ())
                 block_dir = paragraph_direction(content, self.message)
                 lang = script_language(content, self.language)
                 attrs = self.block_attrs(tok.tag, block_dir, lang)

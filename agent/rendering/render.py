@@ -23,7 +23,7 @@ from agent.rendering.bidi import (
     language_direction,
     strong_counts,
 )
-from agent.rendering.markup import Block, Markup, render_markdown, render_plain_block
+from agent.rendering.markup import Block, render_markdown, render_plain_block
 
 REPLY_PREFIX = re.compile(r"^\s*(re|aw|sv|vs|antw|odp|r|res|ynt|השב|رد)\s*:", re.IGNORECASE)
 
@@ -113,14 +113,9 @@ def render_message(
     signature = comm.signature if signature is None and comm else signature or ""
 
     body = render_markdown(draft, direction, lang)
-    parts: list[Markup] = []
-    if greeting.strip():
-        parts.append(render_plain_block(greeting.strip(), direction, lang))
-    parts.append(body)
-    if signature.strip():
-        parts.append(render_plain_block(signature.strip(), direction, lang))
-    head = parts[0] if greeting.strip() else None
-    tail = parts[-1] if signature.strip() else None
+    head = render_plain_block(greeting.strip(), direction, lang) if greeting.strip() else None
+    tail = render_plain_block(signature.strip(), direction, lang) if signature.strip() else None
+    parts = [part for part in (head, body, tail) if part is not None]
 
     html = (
         environment()

@@ -15,8 +15,6 @@ and a signature) and what rendering it must give:
 - ``absent``: strings that must not occur in the HTML source; ``absent_text``: strings the
   reader must not see in the HTML part's text (Markdown syntax); ``contains``: exact HTML
   snippets that must occur;
-- ``known_bug`` (with ``known_bug_in``: ``expectations``, ``read_back``): the renderer is
-  wrong here today; the expectation states what is right and the test is a strict xfail.
 """
 
 from __future__ import annotations
@@ -37,7 +35,6 @@ from tests.rendering.stored import sent_and_stored
 CASES_FILE = Path(__file__).parent / "golden" / "cases.yaml"
 SUBJECT = "Re: ההזמנה ORD-2026-0042"
 KINDS = frozenset({"url", "email", "price", "date", "time", "phone", "id", "latin", "code"})
-BUG_TARGETS = frozenset({"expectations", "read_back"})
 BLOCK_TAGS = "p, h1, h2, h3, h4, h5, h6, th, td, pre"
 SAFE_HREF = re.compile(r"^(?:https?://|mailto:|tel:|#$)", re.IGNORECASE)
 LRI, PDI = "\u2066", "\u2069"
@@ -45,8 +42,6 @@ _FIELDS = frozenset(
     {
         "id",
         "covers",
-        "known_bug",
-        "known_bug_in",
         "language",
         "draft",
         "greeting",
@@ -84,8 +79,6 @@ class GoldenCase:
     absent: tuple[str, ...]
     absent_text: tuple[str, ...]
     contains: tuple[str, ...]
-    known_bug: str | None
-    known_bug_in: frozenset[str]
 
     def render(self) -> RenderedMessage:
         return render_message(
@@ -96,11 +89,7 @@ class GoldenCase:
             signature=self.signature,
         )
 
-    def param(self, test: str) -> object:
-        """This case as a pytest parameter of ``test``, a strict xfail where it is a known bug."""
-        if self.known_bug and test in self.known_bug_in:
-            mark = pytest.mark.xfail(strict=True, reason=f"renderer bug: {self.known_bug}")
-            return pytest.param(self, id=self.id, marks=mark)
+    def param(self) -> object:
         return pytest.param(self, id=self.id)
 
 
@@ -163,10 +152,6 @@ def _parse_case(raw: dict[str, object]) -> GoldenCase:
         if len(entry) != 2 or entry[0] not in KINDS or not isinstance(entry[1], str):
             raise ValueError(f"{case_id}: a fragment is [kind, text]: {item!r}")
         fragments.append((str(entry[0]), entry[1]))
-    known_bug = _str(raw, "known_bug", required=False)
-    known_bug_in = frozenset(_strings(raw, "known_bug_in") or ("expectations",))
-    if not known_bug_in <= BUG_TARGETS:
-        raise ValueError(f"{case_id}: known_bug_in must be within {sorted(BUG_TARGETS)}")
     return GoldenCase(
         id=case_id,
         covers=_str(raw, "covers") or "",
@@ -181,8 +166,6 @@ def _parse_case(raw: dict[str, object]) -> GoldenCase:
         absent=_strings(raw, "absent"),
         absent_text=_strings(raw, "absent_text"),
         contains=_strings(raw, "contains"),
-        known_bug=known_bug,
-        known_bug_in=known_bug_in,
     )
 
 
@@ -364,14 +347,14 @@ def _expectation_failures(case: GoldenCase, rendered: RenderedMessage) -> list[s
     return failures
 
 
-@pytest.mark.parametrize("case", [c.param("expectations") for c in CASES])
+@pytest.mark.parametrize("case", [c.param() for c in CASES])
 def test_golden_expectations(case: GoldenCase) -> None:
     rendered = case.render()
     failures = _expectation_failures(case, rendered)
     assert not failures, f"{case.id} ({case.covers}):\n  " + "\n  ".join(failures)
 
 
-@pytest.mark.parametrize("case", [c.param("read_back") for c in CASES])
+@pytest.mark.parametrize("case", [c.param() for c in CASES])
 def test_golden_read_back_of_an_unmodified_copy_passes(case: GoldenCase) -> None:
     rendered = case.render()
     sent, stored = sent_and_stored(rendered)
@@ -380,7 +363,7 @@ def test_golden_read_back_of_an_unmodified_copy_passes(case: GoldenCase) -> None
     assert {c.name for c in report.checks} >= {"wrapper.direction", "blocks", "fragments"}
 
 
-@pytest.mark.parametrize("case", [pytest.param(c, id=c.id) for c in CASES])
+@pytest.mark.parametrize("case", [c.param() for c in CASES])
 def test_golden_html_is_safe(case: GoldenCase) -> None:
     """Whatever else is wrong, a draft never injects markup or a dangerous link."""
     rendered = case.render()
