@@ -16,6 +16,8 @@ POINTS = (
     "before_report",  # work done, report not yet written
     "after_report",  # report committed, the run continues
     "mid_reconcile",  # inside the reconcile transaction, not committed
+    "before_provider_send",  # the send is ledgered as an intent, the provider not asked
+    "after_provider_send",  # the provider took the message, the ledger not yet updated
 )
 
 _armed: dict[str, int] = {}

@@ -28,6 +28,9 @@ from agent.domain.records import (
     EscalationDraft,
     HealthRecord,
     ReportRequest,
+    SendIntent,
+    SendRecord,
+    TaskAmendment,
     TaskDraft,
     WorkspaceRow,
 )
@@ -145,6 +148,26 @@ class Store(TaskBoard, Protocol):
         ...
 
     def list_executions(self, state: ExecutionState | None = None) -> list[ExecutionRecord]: ...
+
+    # tasks outside a claim's report, and the sends ledger
+    def amend_task(self, task_id: str, amendment: TaskAmendment, now: datetime) -> Task:
+        """Apply one amendment under the task's row lock (refused, changing nothing, when
+        the task's state does not allow it)."""
+        ...
+
+    def task_events(self, task_id: str) -> list[tuple[datetime, TaskState, str]]: ...
+    def begin_send(self, intent: SendIntent, now: datetime, cap: int | None = None) -> SendRecord:
+        """Ledger an outbound message before the provider is asked. Returns the existing
+        record when the key is already ledgered (``created`` False), or a REFUSED record,
+        storing nothing, when an automated send would exceed ``cap`` messages to one
+        recipient in 24 hours."""
+        ...
+
+    def complete_send(
+        self, key: str, provider_message_id: str, detail: str, now: datetime
+    ) -> SendRecord: ...
+    def get_send(self, key: str) -> SendRecord | None: ...
+    def list_sends(self, workspace_id: str) -> list[SendRecord]: ...
 
     # tasks, escalations, health
     def task_for_thread(self, work_key: str) -> Task | None: ...

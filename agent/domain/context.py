@@ -108,7 +108,26 @@ class Communication(_Model):
     signature: str = ""
     tone: str = ""
     ack_template: str = ""
+    """The receipt acknowledgement in the workspace's own language, sent verbatim."""
+    ack_templates: dict[str, str] = Field(
+        default_factory=dict[str, str],
+        description="receipt acknowledgements by language code, sent verbatim",
+    )
     rules: tuple[str, ...] = ()
+
+    def ack_text(self, language: str, default_language: str) -> str | None:
+        """The acknowledgement for a sender writing in ``language``, or None if the context
+        has none in that language (then no acknowledgement is sent)."""
+        text = self.ack_templates.get(language)
+        if text is None and language == default_language:
+            text = self.ack_template
+        return text.strip() or None if text else None
+
+
+class Automation(_Model):
+    max_per_recipient_per_day: int = Field(default=3, ge=1, le=100)
+    """The most automated messages (acknowledgements, reminders) one address receives in
+    any 24 hours, across every task of the workspace."""
 
 
 class Grants(_Model):
@@ -147,6 +166,11 @@ class Schedule(_Model):
 class Attachments(_Model):
     accepted: tuple[str, ...] = ()
 
+    @field_validator("accepted")
+    @classmethod
+    def _extensions(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        return tuple(v.strip().lower().lstrip(".") for v in value if v.strip())
+
 
 class WorkspaceContext(_Model):
     """The live Workspace Context of one workspace (keys fixed by ARCHITECTURE.md)."""
@@ -172,6 +196,7 @@ class WorkspaceContext(_Model):
     task_board: TaskBoardConfig = TaskBoardConfig()
     schedule: Schedule = Schedule()
     attachments: Attachments = Attachments()
+    automation: Automation = Automation()
 
     @field_validator("workspace_id")
     @classmethod

@@ -61,17 +61,25 @@ class Envelope(BaseModel):
     subject: str = ""
     body_ref: str
     attachment_refs: tuple[str, ...] = ()
+    attachment_names: tuple[str, ...] = ()
+    """The attachments' file names as the message gives them (untrusted display data)."""
     # Normalization facts the adapter reads from headers; data, never instructions.
     auto_submitted: str | None = None
     precedence: str | None = None
     list_id: str | None = None
+    report_type: str | None = None
+    """A delivery report's type (``delivery-status`` for a bounce), from multipart/report."""
+    reported_message_id: str | None = None
+    """The Message-ID of the message a delivery report is about (exact linkage to it)."""
     content_digest: str = Field(
         description="sha256 over the message's own content (sender, date, subject, body), "
         "identical for the same message delivered twice"
     )
     normalization_notes: tuple[str, ...] = ()
 
-    @field_validator("internet_message_id", "in_reply_to", "provider_thread_id")
+    @field_validator(
+        "internet_message_id", "in_reply_to", "provider_thread_id", "reported_message_id"
+    )
     @classmethod
     def _bounded_id(cls, value: str | None) -> str | None:
         return None if value is None else bounded_id(value)

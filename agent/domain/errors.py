@@ -48,3 +48,7 @@ class ClaimLost(StoreError):
 
 class ProviderError(OutloopError):
     """A mail provider operation failed."""
+
+
+class GateRefused(OutloopError):
+    """A send the gate does not allow now; the message lists every blocking reason."""

@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 from datetime import datetime
+from enum import StrEnum
 
 from pydantic import BaseModel, ConfigDict
 
-from agent.domain.dispositions import Disposition
+from agent.domain.approval import ApprovalDecision, ApprovalRequest
+from agent.domain.dispositions import Disposition, GateKind
 from agent.domain.execution import ClaimOutcome, ExecutionRecord
 from agent.domain.states import TaskState
-from agent.domain.task import Gate, MessageRef, NextAction, Task
+from agent.domain.task import CommunicationState, Gate, MessageRef, NextAction, Task
 
 
 class ClaimRequest(BaseModel):
@@ -95,6 +97,78 @@ class TaskUpdate(BaseModel):
     next_action: NextAction | None = None
     provisional_basis: dict[str, str] | None = None
     remaining_work: str | None = None
+    approval_decision: ApprovalDecision | None = None
+    """An approver's reply in the task's approval thread, as the server judged it. It moves
+    a task waiting for approval of that very draft, and is recorded either way."""
+    requester: str | None = None
+    """A verified internal requester whose loop must be closed before release."""
+    sender_name: str | None = None
+    attachment_names: tuple[str, ...] | None = None
+    content_flags: tuple[str, ...] = ()
+    communication_state: CommunicationState | None = None
+
+
+class TaskAmendment(BaseModel):
+    """A change to a task outside a claim's report (an approval request sent, a requester's
+    loop closed, a message class set). ``event`` names it uniquely; it is the task event's
+    evidence."""
+
+    model_config = ConfigDict(frozen=True)
+
+    event: str
+    expect_states: tuple[TaskState, ...] = ()
+    """Refuse unless the task is in one of these states (empty: any state)."""
+    state: TaskState | None = None
+    add_gates: tuple[Gate, ...] = ()
+    remove_gate_kinds: tuple[GateKind, ...] = ()
+    approval_request: ApprovalRequest | None = None
+    communication_state: CommunicationState | None = None
+    requester_loop_closed: bool | None = None
+    message_class: str | None = None
+    next_action: NextAction | None = None
+    sent_message: MessageRef | None = None
+    """A message the workspace sent for the task; indexed so replies to it link here."""
+    remaining_work: str | None = None
+
+
+class SendState(StrEnum):
+    INTENT = "intent"
+    """Recorded before the provider was asked; the outcome of the send is not yet known."""
+    SENT = "sent"
+    REFUSED = "refused"
+    """Never recorded: the per-recipient cap (or a gate) held the send back this time."""
+
+
+class SendIntent(BaseModel):
+    """One outbound message, ledgered before it is handed to the provider."""
+
+    model_config = ConfigDict(frozen=True)
+
+    key: str
+    workspace_id: str
+    kind: str
+    task_id: str | None
+    internet_message_id: str
+    recipients: tuple[str, ...]
+    automated: bool
+
+
+class SendRecord(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    key: str
+    workspace_id: str
+    kind: str
+    task_id: str | None
+    internet_message_id: str
+    recipients: tuple[str, ...]
+    state: SendState
+    detail: str = ""
+    created_at: datetime
+    sent_at: datetime | None = None
+    provider_message_id: str | None = None
+    created: bool = False
+    """True when this call recorded the intent (False: the key was already ledgered)."""
 
 
 class WorkspaceRow(BaseModel):

@@ -21,8 +21,10 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from agent.domain.dispositions import TASK_STATE_FOR, Disposition, settle
-from agent.domain.records import TaskUpdate
+from agent.domain.approval import ApprovalDecision, Decision
+from agent.domain.dispositions import TASK_STATE_FOR, Disposition, GateKind, settle
+from agent.domain.errors import TransitionError
+from agent.domain.records import TaskAmendment, TaskUpdate
 from agent.domain.states import (
     TERMINAL_STATES,
     TRANSITIONS,
@@ -59,6 +61,9 @@ def apply_report(
     update = update or TaskUpdate()
     kinds = {g.kind for g in task.open_gates}
     gates = (*task.open_gates, *(g for g in update.add_gates if g.kind not in kinds))
+    decided = _approval_target(task, update.approval_decision)
+    if decided is TaskState.APPROVED_TO_SEND:
+        gates = tuple(g for g in gates if g.kind is not GateKind.INTERNAL_APPROVAL)
     settled = settle(disposition, frozenset(g.kind for g in gates))
     next_action = update.next_action
 
@@ -73,6 +78,8 @@ def apply_report(
         wanted = TASK_STATE_FOR[settled]
     else:
         wanted = update.state
+    if decided is not None:
+        wanted, resume = decided, False
     if wanted in TERMINAL_STATES and gates:
         wanted = None  # an open gate never lets a report close the task
 
@@ -115,5 +122,82 @@ def apply_report(
         changes["provisional_basis"] = {**task.provisional_basis, **update.provisional_basis}
     if update.remaining_work is not None:
         changes["remaining_work"] = update.remaining_work
+    if resumed:
+        changes["state_since"] = now
+    if update.approval_decision is not None:
+        changes["approval_decisions"] = (*task.approval_decisions, update.approval_decision)
+        changes["approval_evidence"] = (
+            *task.approval_evidence,
+            update.approval_decision.describe(),
+        )
+    if update.requester is not None and task.requester is None:
+        changes["requester"] = update.requester
+    if update.sender_name is not None and not task.sender_name:
+        changes["sender_name"] = update.sender_name
+    if update.attachment_names:
+        changes["attachment_names"] = tuple(
+            dict.fromkeys((*task.attachment_names, *update.attachment_names))
+        )
+    if update.content_flags:
+        changes["content_flags"] = tuple(
+            dict.fromkeys((*task.content_flags, *update.content_flags))
+        )
+    if update.communication_state is not None:
+        changes["communication_state"] = update.communication_state
     reported = task.model_copy(update=changes)
     return reported.model_copy(update={"readiness_tier": readiness(reported)}), settled
+
+
+def _approval_target(task: Task, decision: ApprovalDecision | None) -> TaskState | None:
+    """The state an approver's decision moves the task to: only a task waiting for approval,
+    and only a decision about the draft its latest approval request carried (an answer to
+    an older request is recorded, and moves nothing)."""
+    if decision is None or task.state is not TaskState.WAITING_INTERNAL_APPROVAL:
+        return None
+    latest = task.approval_requests[-1] if task.approval_requests else None
+    if latest is None or latest.internet_message_id != decision.request_message_id:
+        return None
+    if decision.decision is Decision.APPROVED:
+        return TaskState.APPROVED_TO_SEND
+    if decision.decision is Decision.CHANGES_REQUESTED:
+        return TaskState.CHANGES_REQUESTED
+    return None
+
+
+def apply_amendment(task: Task, amendment: TaskAmendment, now: datetime) -> Task:
+    """The task after an amendment; refuses one the task's state does not allow."""
+    if amendment.expect_states and task.state not in amendment.expect_states:
+        raise TransitionError(
+            f"task {task.task_id} is {task.state}, not "
+            + " or ".join(s.value for s in amendment.expect_states)
+            + f"; {amendment.event} was not applied"
+        )
+    changes: dict[str, Any] = {"updated_at": now}
+    if amendment.state is not None and amendment.state is not task.state:
+        check_transition(task.state, amendment.state)
+        changes["state"] = amendment.state
+        changes["state_since"] = now
+    removed = set(amendment.remove_gate_kinds)
+    kept = tuple(g for g in task.open_gates if g.kind not in removed)
+    kinds = {g.kind for g in kept}
+    changes["open_gates"] = (*kept, *(g for g in amendment.add_gates if g.kind not in kinds))
+    if amendment.approval_request is not None:
+        changes["approval_requests"] = (*task.approval_requests, amendment.approval_request)
+    if amendment.communication_state is not None:
+        changes["communication_state"] = amendment.communication_state
+    if amendment.requester_loop_closed is not None:
+        changes["requester_loop_closed"] = amendment.requester_loop_closed
+    if amendment.message_class is not None:
+        changes["message_class"] = amendment.message_class
+    if amendment.next_action is not None:
+        changes["next_action"] = amendment.next_action
+    if amendment.remaining_work is not None:
+        changes["remaining_work"] = amendment.remaining_work
+    if amendment.sent_message is not None:
+        known = {m.provider_message_id for m in task.messages}
+        if amendment.sent_message.provider_message_id not in known:
+            changes["messages"] = (*task.messages, amendment.sent_message)
+    amended = task.model_copy(update=changes)
+    if amended.state in TERMINAL_STATES and amended.open_gates:
+        raise TransitionError(f"task {task.task_id} cannot close with open gates")
+    return amended.model_copy(update={"readiness_tier": readiness(amended)})

@@ -10,6 +10,7 @@ from enum import StrEnum
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from agent.domain.approval import ApprovalDecision, ApprovalRequest
 from agent.domain.dispositions import GateKind
 from agent.domain.envelope import Address, OccurrenceScope
 from agent.domain.states import TaskState
@@ -183,3 +184,18 @@ class Task(BaseModel):
     those execution records."""
     package_version: str = ""
     drift_status: str = "in_sync"
+    state_since: datetime | None = None
+    """When the task entered its current state (reminders count business days from it)."""
+    message_class: str | None = None
+    """The class of the work's reply, set by classification; standing approvals cover a
+    message class exactly."""
+    approval_requests: tuple[ApprovalRequest, ...] = ()
+    approval_decisions: tuple[ApprovalDecision, ...] = ()
+    requester: str | None = None
+    """A verified internal requester, whose loop is closed before the occurrence is released."""
+    requester_loop_closed: bool = False
+    sender_name: str = ""
+    """The sender's display name as it may be shown (control characters written out)."""
+    attachment_names: tuple[str, ...] = ()
+    content_flags: tuple[str, ...] = ()
+    """What in the untrusted display fields could mislead a reader; shown with them."""

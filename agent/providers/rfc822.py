@@ -17,6 +17,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from email.message import EmailMessage, Message
+from email.parser import HeaderParser
+from email.policy import compat32
 from typing import cast
 
 from agent.domain.envelope import Address, Envelope, content_digest
@@ -224,9 +226,14 @@ def normalize(
     depth = mime_depth(parsed.message)
     if depth > 20:
         parsed.notes.append(f"MIME nesting {depth} levels deep")
-    attachments = tuple(
-        f"{provider_message_id}/{i}" for i, _ in enumerate(_attachment_parts(parsed.message))
-    )
+    parts = list(_attachment_parts(parsed.message))
+    attachments = tuple(f"{provider_message_id}/{i}" for i in range(len(parts)))
+    names = tuple(_attachment_name(part, i) for i, part in enumerate(parts))
+    auto_submitted = parsed.header("Auto-Submitted")
+    if auto_submitted is None and _legacy_autoreply(parsed):
+        auto_submitted = "auto-replied"
+        parsed.notes.append("legacy auto-reply header read as Auto-Submitted: auto-replied")
+    report_type, reported = _delivery_report(parsed.message)
     return Envelope(
         provider=provider,
         mailbox_id=mailbox_id,
@@ -242,7 +249,10 @@ def normalize(
         subject=subject,
         body_ref=provider_message_id,
         attachment_refs=attachments,
-        auto_submitted=parsed.header("Auto-Submitted"),
+        attachment_names=names,
+        report_type=report_type,
+        reported_message_id=reported,
+        auto_submitted=auto_submitted,
         precedence=parsed.header("Precedence"),
         list_id=parsed.header("List-Id"),
         content_digest=content_digest(
@@ -254,6 +264,44 @@ def normalize(
         ),
         normalization_notes=tuple(dict.fromkeys(parsed.notes)),
     )
+
+
+def _attachment_name(part: Message, index: int) -> str:
+    try:
+        name = part.get_filename()
+    except Exception:
+        name = None
+    return _decode_words(name) if name else f"attachment-{index + 1}"
+
+
+def _legacy_autoreply(parsed: Parsed) -> bool:
+    """X-Autoreply / X-Autorespond, which some servers send instead of Auto-Submitted."""
+    return any(parsed.header(name) for name in ("X-Autoreply", "X-Autorespond"))
+
+
+def _delivery_report(message: Message) -> tuple[str | None, str | None]:
+    """A delivery status report (RFC 3464 ``multipart/report``): its report type and the
+    Message-ID of the message it reports on, read from the returned original's headers."""
+    if message.get_content_type() != "multipart/report":
+        return None, None
+    report_type = str(message.get_param("report-type") or "").lower() or "unknown"
+    stack: list[tuple[Message, int]] = [(message, 1)]
+    while stack:
+        part, depth = stack.pop()
+        ctype = part.get_content_type()
+        headers: Message | None = None
+        if ctype == "message/rfc822":
+            inner = _children(part)
+            headers = inner[0] if inner else None
+        elif ctype == "text/rfc822-headers":
+            headers = HeaderParser(policy=compat32).parsestr(_part_text(part))
+        if headers is not None:
+            ids = message_ids(str(headers.get("Message-ID") or ""))
+            if ids:
+                return report_type, ids[0]
+        if depth < MAX_MIME_DEPTH and ctype != "message/rfc822":
+            stack.extend((child, depth + 1) for child in _children(part))
+    return report_type, None
 
 
 def _children(part: Message) -> list[Message]:

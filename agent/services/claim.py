@@ -22,7 +22,7 @@ def task_draft(
 ) -> TaskDraft:
     """What the claim holder writes for this message: a new task, or an update to its thread's."""
     sender_contact = context.contact(envelope.sender.address)
-    links = (envelope.in_reply_to,) if envelope.in_reply_to else ()
+    links = tuple(i for i in (envelope.in_reply_to, envelope.reported_message_id) if i)
     return TaskDraft(
         task_id=new_task_id(now),
         occurrence_key=key,

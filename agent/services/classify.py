@@ -1,7 +1,12 @@
 """Deterministic triage of a claimed item: what the run records, and what the task needs next.
 
 Decisions come from verified evidence and the live Workspace Context: headers the adapter
-normalized, the registry and the context. Message wording never decides anything here.
+normalized, the registry, the context and the task record. Message wording decides nothing
+here, with one bounded exception: an approver's reply in the task's own approval thread is
+read for an explicit approval or change request (agent.domain.approval), and that reading
+only counts because the sender holds a recorded approval role.
+
+docs/gates.md has the routing table; each row is a test in tests/services/test_routing.py.
 """
 
 from __future__ import annotations
@@ -9,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime
 
+from agent.domain.approval import ApprovalDecision, Decision
 from agent.domain.context import Side, WorkspaceContext
 from agent.domain.dispositions import (
     DISPOSITION_FOR_STATE,
@@ -18,10 +24,13 @@ from agent.domain.dispositions import (
     settle,
 )
 from agent.domain.envelope import Envelope
-from agent.domain.noise import noise_reason
+from agent.domain.gates import clarification_request, unaccepted_attachments
+from agent.domain.noise import NoiseKind, noise
+from agent.domain.recipients import RecipientClass, classify_recipient, own_addresses
 from agent.domain.records import TaskUpdate
 from agent.domain.states import TaskState, after_inbound
 from agent.domain.task import Gate, NextAction, Task
+from agent.domain.untrusted import flag
 
 #: Used while kpis.official is missing. Stored on the task, never in the context's KPIs.
 PROVISIONAL_FIRST_RESPONSE_HOURS = "24"
@@ -42,6 +51,12 @@ def work_owner(context: WorkspaceContext) -> str:
     return context.escalation_contact or "unassigned (no escalation_contact in the context)"
 
 
+def has_owner(context: WorkspaceContext) -> bool:
+    return any(
+        c.side is Side.INTERNAL and "client_manager" in c.roles for c in context.contacts
+    ) or bool(context.escalation_contact)
+
+
 def preflight(context: WorkspaceContext, mailbox_id: str) -> str | None:
     """Licence and grant preflight from the context's ``grants``: None when it passes."""
     if context.grants.licence != "active":
@@ -51,6 +66,45 @@ def preflight(context: WorkspaceContext, mailbox_id: str) -> str | None:
     return None
 
 
+def display_facts(envelope: Envelope) -> tuple[str, tuple[str, ...], tuple[str, ...]]:
+    """The sender's display name and the attachment names as they may be shown, and the
+    flags of everything untrusted that could mislead a reader."""
+    flags: list[str] = []
+    name = flag(envelope.sender.name)
+    flags.extend(f"sender display name: {f}" for f in name.flags)
+    subject = flag(envelope.subject)
+    flags.extend(f"subject: {f}" for f in subject.flags if "line breaks" not in f)
+    names: list[str] = []
+    for raw in envelope.attachment_names:
+        shown = flag(raw)
+        names.append(shown.shown)
+        flags.extend(f"attachment {shown.shown}: {f}" for f in shown.flags)
+    return name.shown, tuple(names), tuple(dict.fromkeys(flags))
+
+
+def _new_work(
+    context: WorkspaceContext, envelope: Envelope, owner: str
+) -> tuple[TaskState, Disposition, NextAction, list[Gate], str]:
+    """Routing of a new thread once noise, preflight and conflicts are ruled out."""
+    refused = unaccepted_attachments(context, envelope.attachment_names)
+    if refused:
+        ask = clarification_request(context, refused)
+        return (
+            TaskState.TASK_RESOLVED,
+            Disposition.QUEUED,
+            NextAction(description=ask, owner=owner),
+            [],
+            f"clarification needed: {ask}",
+        )
+    return (
+        TaskState.TASK_RESOLVED,
+        Disposition.QUEUED,
+        NextAction(description="classify the request and do the work", owner=owner),
+        [],
+        "",
+    )
+
+
 def triage(
     context: WorkspaceContext,
     envelope: Envelope,
@@ -58,29 +112,93 @@ def triage(
     task_created: bool,
     preflight_failure: str | None,
     now: datetime,
+    approval: ApprovalDecision | None = None,
 ) -> Triage:
     owner = work_owner(context)
     escalation_owner = context.escalation_contact or owner
-    noise = noise_reason(envelope)
-    if noise is not None:
+    sender = classify_recipient(context, envelope.sender.address)
+    name, attachment_names, flags = display_facts(envelope)
+    flags = (*flags, *(f"sender address: {f}" for f in sender.flags))
+    shown = TaskUpdate(sender_name=name, attachment_names=attachment_names, content_flags=flags)
+    found = noise(
+        envelope,
+        own_addresses=frozenset(own_addresses(context)),
+        known_sender=sender.recipient_class is not RecipientClass.UNKNOWN,
+    )
+    if found is not None and found.kind is NoiseKind.DELIVERY_REPORT and not task_created:
+        # A bounce linked to its thread through the original Message-ID: the thread's
+        # message did not arrive, and a person must know.
+        gate = Gate(
+            kind=GateKind.ESCALATION,
+            owner=owner,
+            since=now,
+            reason=f"{found.reason}: a message of this task was not delivered",
+        )
+        return Triage(
+            Disposition.ESCALATED,
+            shown.model_copy(
+                update={
+                    "add_gates": (gate,),
+                    "next_action": NextAction(
+                        description="check the failed delivery and reach the recipient another way",
+                        owner=owner,
+                    ),
+                }
+            ),
+            gate.reason,
+        )
+    if found is not None and found.clear:
         if task_created:
             return Triage(
                 Disposition.NOISE_EXCLUDED,
-                TaskUpdate(
-                    state=TaskState.COMPLETED,
-                    sole_message=envelope.provider_message_id,
-                    next_action=NextAction(description="none: automated message", owner=owner),
+                shown.model_copy(
+                    update={
+                        "state": TaskState.COMPLETED,
+                        "sole_message": envelope.provider_message_id,
+                        "next_action": NextAction(
+                            description="none: automated message", owner=owner
+                        ),
+                    }
                 ),
-                noise,
+                found.reason,
             )
-        # Noise in a live thread (an auto-reply) is recorded but resumes nothing.
-        return Triage(Disposition.NOISE_EXCLUDED, TaskUpdate(), noise)
+        # Noise in a live thread (an out-of-office reply) joins it and resumes nothing.
+        return Triage(Disposition.NOISE_EXCLUDED, shown, found.reason)
 
     gates: list[Gate] = []
     provisional: dict[str, str] | None = None
-    if task_created:
-        state, disposition = TaskState.TASK_RESOLVED, Disposition.QUEUED
-        next_action = NextAction(description="classify the request and do the work", owner=owner)
+    detail = ""
+    requester = sender.address if sender.internal and not sender.flags else None
+    if found is not None:
+        # The signal is there but not clear (list mail from a known contact): a human looks.
+        gates.append(Gate(kind=GateKind.ASSIGNMENT, owner=owner, since=now, reason=found.reason))
+        state, disposition = TaskState.TASK_RESOLVED, Disposition.AWAITING_ASSIGNMENT
+        next_action = NextAction(description=f"decide: {found.reason}", owner=owner)
+        detail = found.reason
+    elif approval is not None:
+        return _approval_reply(context, task, approval, owner, shown)
+    elif not task_created and _answered_after(task, envelope):
+        return Triage(
+            Disposition.ALREADY_ANSWERED,
+            shown,
+            "the thread already had a reply sent after this message",
+        )
+    elif task_created and _internal_fyi(context, envelope, sender.internal):
+        return Triage(
+            Disposition.CLOSED_NO_REPLY_NEEDED,
+            shown.model_copy(
+                update={
+                    "state": TaskState.COMPLETED,
+                    "sole_message": envelope.provider_message_id,
+                    "next_action": NextAction(
+                        description="none: internal FYI (mailbox only in Cc)", owner=owner
+                    ),
+                }
+            ),
+            "internal FYI: the workspace mailbox is only in Cc of an internal sender's message",
+        )
+    elif task_created:
+        state, disposition, next_action, gates, detail = _new_work(context, envelope, owner)
     else:
         # Seen from this claim's snapshot; the report resumes from the state current then.
         state = after_inbound(task.state)
@@ -89,6 +207,16 @@ def triage(
             description="read the new message in the thread and continue the work", owner=owner
         )
 
+    if sender.conflict is not None:
+        gates.append(
+            Gate(
+                kind=GateKind.ESCALATION,
+                owner=escalation_owner,
+                since=now,
+                reason=f"sender {sender.address}: {sender.conflict}",
+            )
+        )
+        disposition = Disposition.ESCALATED
     if preflight_failure is not None:
         gates.append(
             Gate(
@@ -99,7 +227,18 @@ def triage(
         next_action = NextAction(
             description=f"restore the licence/grant ({preflight_failure})", owner=escalation_owner
         )
-    elif task_created and (missing := context.missing_for_intake()):
+    elif task_created and not has_owner(context):
+        gates.append(
+            Gate(
+                kind=GateKind.ASSIGNMENT,
+                owner=context.unresolved_queue or "unresolved queue",
+                since=now,
+                reason="the context names no client_manager and no escalation_contact",
+            )
+        )
+        if disposition is Disposition.QUEUED:
+            disposition = Disposition.AWAITING_ASSIGNMENT
+    if task_created and preflight_failure is None and (missing := context.missing_for_intake()):
         gates.append(
             Gate(
                 kind=GateKind.CONTEXT_GAP,
@@ -108,11 +247,13 @@ def triage(
                 reason="missing context: " + ", ".join(missing),
             )
         )
-        state, disposition = TaskState.IN_DISCOVERY, Disposition.CONTEXT_GAP_DISCOVERY
-        next_action = NextAction(
-            description="discover the missing context; continue safe, reversible work",
-            owner=escalation_owner,
-        )
+        state = TaskState.IN_DISCOVERY
+        if disposition in {Disposition.QUEUED, Disposition.AWAITING_ASSIGNMENT}:
+            disposition = Disposition.CONTEXT_GAP_DISCOVERY
+            next_action = NextAction(
+                description="discover the missing context; continue safe, reversible work",
+                owner=escalation_owner,
+            )
         if "kpis.official" in missing:
             provisional = {
                 "first_response_hours": PROVISIONAL_FIRST_RESPONSE_HOURS,
@@ -123,14 +264,74 @@ def triage(
     settled = settle(disposition, open_kinds)
     # A terminal outcome with an open gate is rewritten to its waiting state (seed 000 s.6).
     target = TASK_STATE_FOR[settled] if settled is not disposition else state
+    reasons = [g.reason for g in gates]
+    if detail and detail not in reasons:
+        reasons.insert(0, detail)
     return Triage(
         settled,
-        TaskUpdate(
-            state=target if task_created else None,
-            resume_on_inbound=not task_created,
-            add_gates=tuple(gates),
-            next_action=next_action,
-            provisional_basis=provisional,
+        shown.model_copy(
+            update={
+                "state": target if task_created else None,
+                "resume_on_inbound": not task_created,
+                "add_gates": tuple(gates),
+                "next_action": next_action,
+                "provisional_basis": provisional,
+                "requester": requester,
+            }
         ),
-        "; ".join(g.reason for g in gates),
+        "; ".join(reasons),
     )
+
+
+def _approval_reply(
+    context: WorkspaceContext,
+    task: Task,
+    approval: ApprovalDecision,
+    owner: str,
+    shown: TaskUpdate,
+) -> Triage:
+    """An approver's reply in the task's approval thread: it updates the approval state and
+    gets its own disposition, never a new task."""
+    waiting = task.state is TaskState.WAITING_INTERNAL_APPROVAL
+    latest = task.approval_requests[-1].internet_message_id if task.approval_requests else None
+    current = waiting and approval.request_message_id == latest
+    if approval.decision is Decision.APPROVED and current:
+        disposition = Disposition.QUEUED
+        action = NextAction(
+            description=f"send the approved draft {approval.draft_id} in the original thread",
+            owner=owner,
+        )
+    elif approval.decision is Decision.CHANGES_REQUESTED and current:
+        disposition = Disposition.QUEUED
+        action = NextAction(
+            description=f"revise draft {approval.draft_id} as the approver asked", owner=owner
+        )
+    else:
+        disposition = (
+            Disposition.WAITING_INTERNAL_APPROVAL
+            if task.state is TaskState.WAITING_INTERNAL_APPROVAL
+            else DISPOSITION_FOR_STATE[task.state]
+        )
+        action = None
+    why = approval.describe()
+    if not current and approval.decision is not Decision.NONE:
+        why += " (not the task's current approval request: recorded, changes nothing)"
+    return Triage(
+        disposition,
+        shown.model_copy(update={"approval_decision": approval, "next_action": action}),
+        why,
+    )
+
+
+def _answered_after(task: Task, envelope: Envelope) -> bool:
+    """The thread has a reply the workspace sent after this message was received."""
+    return any(
+        m.direction == "reply" and m.received_at > envelope.received_at for m in task.messages
+    )
+
+
+def _internal_fyi(context: WorkspaceContext, envelope: Envelope, internal_sender: bool) -> bool:
+    mine = own_addresses(context)
+    to = {a.address for a in envelope.to}
+    cc = {a.address for a in envelope.cc}
+    return internal_sender and not (to & mine) and bool(cc & mine)

@@ -39,7 +39,7 @@ from agent.domain.records import (
 from agent.domain.registry import Candidate, ResolutionStatus, resolve_workspace
 from agent.domain.run import LedgerEntry, Reconciliation
 from agent.ports import Clock, MailProvider, Store
-from agent.services import claim, classify
+from agent.services import acks, approvals, claim, classify, reminders
 from agent.services.holder import current_holder, holder_alive
 from agent.services.workspaces import DataDir, candidates, load_context, load_station
 
@@ -78,6 +78,8 @@ class RunResult:
     access_errors: list[str] = field(default_factory=list[str])
     reconciled_stale: list[Reconciliation] = field(default_factory=list[Reconciliation])
     item_errors: list[str] = field(default_factory=list[str])
+    reminders: list[str] = field(default_factory=list[str])
+    """What each reminder due this run did (sent, already sent, held by the cap, ...)."""
     """Items whose handling failed this run (each also has a health record)."""
     """Earlier runs of dead workers that this run reconciled."""
     """Mailboxes that could not be read this run (each also has a health record)."""
@@ -141,11 +143,13 @@ async def run_cycle(
     }
     planned: list[_Planned] = []
     seen: set[str] = set()
+    providers: dict[str, MailProvider] = {}
     for binding in context.mailboxes:
         cands = candidates(store, binding.provider, binding.mailbox_id)
         found: list[_Planned] = []
         try:
             provider = provider_for(binding)
+            providers[binding.mailbox_id] = provider
             async for scanned in provider.scan():
                 plan = _plan(scanned, binding, cands, workspace_id)
                 if plan is not None and plan.ref not in seen:
@@ -201,6 +205,7 @@ async def run_cycle(
                     preflights[plan.mailbox.mailbox_id],
                     clock,
                     lookahead.seen(index - 1),
+                    providers[plan.mailbox.mailbox_id],
                 )
             else:
                 outcome = _escalate(
@@ -239,6 +244,8 @@ async def run_cycle(
             on_progress(Progress(done=index, total=len(planned), outcome=outcome))
     store.record_dispositions(run_id, race, clock.now())
     result.reconciliation = store.reconcile(run_id, clock.now())
+    # Reminders are their own work: a run that reconciled still sends the ones now due.
+    result.reminders = await reminders.send_due(store, context, providers, clock)
     return result
 
 
@@ -312,6 +319,7 @@ async def _handle(
     preflight_failure: str | None,
     clock: Clock,
     seen: tuple[ExecutionRecord | None],
+    provider: MailProvider,
 ) -> ItemOutcome:
     now = clock.now()
     claimed = claim.claim_occurrence(
@@ -335,9 +343,14 @@ async def _handle(
     crashpoints.hit("after_claim_txn")
     task = claimed.task
     assert task is not None
+    approval = await approvals.judge_inbound(context, task, envelope, provider, clock)
     verdict = classify.triage(
-        context, envelope, task, claimed.task_created, preflight_failure, clock.now()
+        context, envelope, task, claimed.task_created, preflight_failure, clock.now(), approval
     )
+    if verdict.disposition is Disposition.QUEUED and claimed.task_created and approval is None:
+        verdict = await acks.acknowledge(
+            store, context, envelope, task, request.key, verdict, provider, clock
+        )
     record = store.report(
         ReportRequest(
             key=request.key,

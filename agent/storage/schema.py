@@ -120,4 +120,35 @@ MIGRATIONS: tuple[tuple[int, tuple[str, ...]], ...] = (
             "ALTER TABLE workspaces ADD COLUMN context_text TEXT",
         ),
     ),
+    (
+        3,
+        (
+            # Every outbound message, ledgered before the provider is asked: an intent whose
+            # outcome is unknown is resolved by reading the provider's sent copy, never by
+            # sending blind, so nothing automated goes out twice.
+            """CREATE TABLE sends (
+                key TEXT PRIMARY KEY,
+                workspace_id TEXT NOT NULL,
+                kind TEXT NOT NULL,
+                task_id TEXT,
+                internet_message_id TEXT NOT NULL,
+                recipients TEXT NOT NULL,
+                state TEXT NOT NULL CHECK (state IN ('intent', 'sent')),
+                detail TEXT NOT NULL,
+                created_at REAL NOT NULL,
+                sent_at REAL,
+                provider_message_id TEXT
+            )""",
+            # One row per recipient of an automated send: the per-recipient cap counts these.
+            """CREATE TABLE send_recipients (
+                key TEXT NOT NULL REFERENCES sends (key),
+                workspace_id TEXT NOT NULL,
+                address TEXT NOT NULL,
+                created_at REAL NOT NULL,
+                PRIMARY KEY (key, address)
+            )""",
+            "CREATE INDEX send_recipients_cap"
+            " ON send_recipients (workspace_id, address, created_at)",
+        ),
+    ),
 )

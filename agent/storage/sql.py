@@ -35,10 +35,14 @@ from agent.domain.records import (
     EscalationDraft,
     HealthRecord,
     ReportRequest,
+    SendIntent,
+    SendRecord,
+    SendState,
+    TaskAmendment,
     TaskDraft,
     WorkspaceRow,
 )
-from agent.domain.reporting import apply_report, readiness
+from agent.domain.reporting import apply_amendment, apply_report, readiness
 from agent.domain.run import LedgerEntry, OpenRun, Reconciliation
 from agent.domain.states import TERMINAL_STATES, TaskState, check_transition
 from agent.domain.task import Task
@@ -747,6 +751,7 @@ class SqlStore:
             project_id=draft.project_id,
             intake_location_id=draft.intake_location_id,
             next_action=draft.next_action,
+            state_since=now,
             messages=(draft.message,),
             package_version=draft.package_version,
             created_by=draft.occurrence_key,
@@ -1002,6 +1007,8 @@ class SqlStore:
                     + "); a task with an unsatisfied gate cannot be closed"
                 )
             task = before.model_copy(update={"state": target, "updated_at": now})
+            if target is not before.state:
+                task = task.model_copy(update={"state_since": now})
             task = task.model_copy(update={"readiness_tier": readiness(task)})
             self._save_task(conn, task, before.state)
             conn.execute(
@@ -1018,6 +1025,155 @@ class SqlStore:
             return (self._load_task(conn, task_id),) if found is not None else None
 
         return self._write(body, verify)
+
+    def amend_task(self, task_id: str, amendment: TaskAmendment, now: datetime) -> Task:
+        def body(conn: Tx) -> Task:
+            before = self._load_task(conn, task_id, lock=True)
+            task = apply_amendment(before, amendment, now)
+            self._save_task(conn, task, before.state)
+            sent = amendment.sent_message
+            if sent is not None and sent.internet_message_id:
+                conn.execute(
+                    "INSERT INTO task_messages (workspace_id, provider, mailbox_id,"
+                    " internet_message_id, provider_message_id, task_id, received_at)"
+                    " VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
+                    (
+                        task.workspace_id,
+                        task.provider,
+                        task.mailbox_id,
+                        sent.internet_message_id,
+                        sent.provider_message_id,
+                        task_id,
+                        ts(sent.received_at),
+                    ),
+                )
+            conn.execute(
+                "INSERT INTO task_events (task_id, at, state, evidence) VALUES (?, ?, ?, ?)",
+                (task_id, ts(now), task.state.value, amendment.event),
+            )
+            return task
+
+        def verify(conn: Tx) -> Verified[Task]:
+            found = conn.execute(
+                "SELECT 1 FROM task_events WHERE task_id = ? AND at = ? AND evidence = ?",
+                (task_id, ts(now), amendment.event),
+            ).fetchone()
+            return (self._load_task(conn, task_id),) if found is not None else None
+
+        return self._write(body, verify)
+
+    def task_events(self, task_id: str) -> list[tuple[datetime, TaskState, str]]:
+        rows = self._read(
+            "SELECT at, state, evidence FROM task_events WHERE task_id = ? ORDER BY at",
+            (task_id,),
+        )
+        return [
+            (dt(r["at"]) or datetime.now(UTC), TaskState(r["state"]), str(r["evidence"]))
+            for r in rows
+        ]
+
+    # -- the sends ledger -------------------------------------------------------------------
+
+    @staticmethod
+    def _send(row: Row, *, created: bool = False) -> SendRecord:
+        return SendRecord(
+            key=row["key"],
+            workspace_id=row["workspace_id"],
+            kind=row["kind"],
+            task_id=row["task_id"],
+            internet_message_id=row["internet_message_id"],
+            recipients=tuple(json.loads(row["recipients"])),
+            state=SendState(row["state"]),
+            detail=row["detail"],
+            created_at=dt(row["created_at"]) or datetime.now(UTC),
+            sent_at=dt(row["sent_at"]),
+            provider_message_id=row["provider_message_id"],
+            created=created,
+        )
+
+    def begin_send(self, intent: SendIntent, now: datetime, cap: int | None = None) -> SendRecord:
+        window = ts(now - timedelta(hours=24))
+
+        def body(conn: Tx) -> SendRecord:
+            # Automated sends of one workspace are decided one at a time, so two workers
+            # can never both squeeze under the cap.
+            conn.execute(
+                "SELECT workspace_id FROM workspaces WHERE workspace_id = ?" + self.FOR_UPDATE,
+                (intent.workspace_id,),
+            ).fetchone()
+            existing = conn.execute("SELECT * FROM sends WHERE key = ?", (intent.key,)).fetchone()
+            if existing is not None:
+                return self._send(existing)
+            if intent.automated and cap is not None:
+                for address in intent.recipients:
+                    row = conn.execute(
+                        "SELECT count(*) AS n FROM send_recipients WHERE workspace_id = ?"
+                        " AND address = ? AND created_at > ?",
+                        (intent.workspace_id, address, window),
+                    ).fetchone()
+                    if int(row["n"]) >= cap:
+                        return SendRecord(
+                            **intent.model_dump(exclude={"automated"}),
+                            state=SendState.REFUSED,
+                            detail=f"{address} already had {cap} automated messages in the last"
+                            " 24 hours (automation.max_per_recipient_per_day)",
+                            created_at=now,
+                        )
+            row = conn.execute(
+                "INSERT INTO sends (key, workspace_id, kind, task_id, internet_message_id,"
+                " recipients, state, detail, created_at) VALUES (?, ?, ?, ?, ?, ?, 'intent', '', ?)"
+                " RETURNING *",
+                (
+                    intent.key,
+                    intent.workspace_id,
+                    intent.kind,
+                    intent.task_id,
+                    intent.internet_message_id,
+                    json.dumps(list(intent.recipients)),
+                    ts(now),
+                ),
+            ).fetchone()
+            if intent.automated:
+                for address in dict.fromkeys(intent.recipients):
+                    conn.execute(
+                        "INSERT INTO send_recipients (key, workspace_id, address, created_at)"
+                        " VALUES (?, ?, ?, ?)",
+                        (intent.key, intent.workspace_id, address, ts(now)),
+                    )
+            return self._send(row, created=True)
+
+        def verify(conn: Tx) -> Verified[SendRecord]:
+            row = conn.execute(
+                "SELECT * FROM sends WHERE key = ? AND created_at = ?", (intent.key, ts(now))
+            ).fetchone()
+            return (self._send(row, created=True),) if row is not None else None
+
+        return self._write(body, verify)
+
+    def complete_send(
+        self, key: str, provider_message_id: str, detail: str, now: datetime
+    ) -> SendRecord:
+        def body(conn: Tx) -> SendRecord:
+            row = conn.execute(
+                "UPDATE sends SET state = 'sent', sent_at = ?, provider_message_id = ?,"
+                " detail = ? WHERE key = ? RETURNING *",
+                (ts(now), provider_message_id, detail, key),
+            ).fetchone()
+            if row is None:
+                raise StoreError(f"no send {key!r} in the ledger; begin_send records it first")
+            return self._send(row)
+
+        return self._write(body, None)
+
+    def get_send(self, key: str) -> SendRecord | None:
+        rows = self._read("SELECT * FROM sends WHERE key = ?", (key,))
+        return self._send(rows[0]) if rows else None
+
+    def list_sends(self, workspace_id: str) -> list[SendRecord]:
+        rows = self._read(
+            "SELECT * FROM sends WHERE workspace_id = ? ORDER BY created_at, key", (workspace_id,)
+        )
+        return [self._send(r) for r in rows]
 
     # -- escalations and health -------------------------------------------------------------
 
@@ -1083,6 +1239,7 @@ class SqlStore:
             "runs",
             "run_items",
             "escalations",
+            "sends",
         )
         out = {t: int(self._read(f"SELECT count(*) AS n FROM {t}")[0]["n"]) for t in tables}
         out["executions_done"] = int(

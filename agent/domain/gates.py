@@ -1,0 +1,321 @@
+"""The send gate and the workflow guards: pure functions over verified evidence.
+
+They read the live Workspace Context, the task record and the facts of one draft, and
+return a verdict with every reason. They grant no authority, send nothing, and create no
+claim or store of their own; the services that call them do the I/O. Message content never
+decides a verdict here: the draft's text is read only to keep another workspace's data out
+of it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections.abc import Iterable, Sequence
+from enum import StrEnum
+from pathlib import PurePosixPath
+
+from pydantic import BaseModel, ConfigDict
+
+from agent.domain.approval import current_approval, standing_covers
+from agent.domain.context import ClientSendPolicy, Side, WorkspaceContext
+from agent.domain.recipients import (
+    Communication,
+    OwnerEvidence,
+    RecipientPlan,
+    build_recipients,
+)
+from agent.domain.states import TERMINAL_STATES, TaskState
+from agent.domain.task import Task
+
+
+class Blocker(StrEnum):
+    NO_RECIPIENTS = "no_recipients"
+    RECIPIENT_UNKNOWN = "recipient_unknown"
+    RECIPIENT_CONFLICT = "recipient_conflict"
+    FOREIGN_RECIPIENT = "foreign_recipient"
+    FOREIGN_CONTENT = "foreign_content"
+    APPROVAL_MISSING = "approval_missing"
+    CHANGES_REQUESTED = "changes_requested"
+    SENDS_DISABLED = "sends_disabled"
+    TASK_CLOSED = "task_closed"
+    WRONG_WORKSPACE = "wrong_workspace"
+
+
+class BlockingReason(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    blocker: Blocker
+    detail: str
+    recipient: str | None = None
+    owner: str
+    """Who can clear it."""
+
+
+class DraftFacts(BaseModel):
+    """The draft a gate is asked about: which draft, its exact content digest, its text."""
+
+    model_config = ConfigDict(frozen=True)
+
+    draft_id: str
+    digest: str
+    subject: str
+    text: str
+
+
+def draft_digest(subject: str, html: str, text: str) -> str:
+    """The digest an approval binds to: any change to the draft makes a new one."""
+    digest = hashlib.sha256()
+    for part in (subject, html, text):
+        data = part.encode("utf-8", "surrogatepass")
+        digest.update(len(data).to_bytes(8, "big"))
+        digest.update(data)
+    return digest.hexdigest()
+
+
+class ForeignMarkers(BaseModel):
+    """What identifies other workspaces' clients: their contacts' addresses and domains
+    (minus anything this workspace shares with them)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    addresses: frozenset[str] = frozenset()
+    domains: frozenset[str] = frozenset()
+
+
+def foreign_markers(active: WorkspaceContext, others: Iterable[WorkspaceContext]) -> ForeignMarkers:
+    mine = {c.address for c in active.contacts} | {b.mailbox_id for b in active.mailboxes}
+    my_domains = {a.rsplit("@", 1)[-1] for a in mine}
+    addresses: set[str] = set()
+    domains: set[str] = set()
+    for other in others:
+        if other.workspace_id == active.workspace_id:
+            continue
+        for contact in other.contacts:
+            if contact.side is Side.CLIENT and contact.address not in mine:
+                addresses.add(contact.address)
+                domain = contact.address.rsplit("@", 1)[-1]
+                if domain not in my_domains:
+                    domains.add(domain)
+    return ForeignMarkers(addresses=frozenset(addresses), domains=frozenset(domains))
+
+
+def foreign_content(text: str, markers: ForeignMarkers) -> tuple[str, ...]:
+    """Other workspaces' client identifiers found in a draft (mixed-client isolation)."""
+    lowered = text.lower()
+    found = {a for a in markers.addresses if a in lowered}
+    for domain in markers.domains:
+        if re.search(r"(?<![\w.-])" + re.escape(domain) + r"(?![\w-])", lowered):
+            found.add(domain)
+    return tuple(sorted(found))
+
+
+class GateResult(BaseModel):
+    """Ready, or pending with every blocking reason."""
+
+    model_config = ConfigDict(frozen=True)
+
+    ready: bool
+    communication: Communication
+    plan: RecipientPlan
+    reasons: tuple[BlockingReason, ...] = ()
+    approval_basis: str | None = None
+
+    def summary(self) -> str:
+        if self.ready:
+            return f"ready ({self.communication.value})"
+        return "pending: " + "; ".join(r.detail for r in self.reasons)
+
+
+def _owner(context: WorkspaceContext) -> str:
+    for contact in context.contacts:
+        if contact.side is Side.INTERNAL and "client_manager" in contact.roles:
+            return contact.address
+    return context.escalation_contact or "the workspace operator"
+
+
+def task_owner_evidence(task: Task) -> tuple[OwnerEvidence, ...]:
+    """Owner evidence the task itself records (used only where the context permits it)."""
+    return (
+        OwnerEvidence(
+            address=task.next_action.owner,
+            evidence=f"named owner of task {task.task_id}'s next action",
+        ),
+    )
+
+
+def evaluate_send(
+    context: WorkspaceContext,
+    task: Task,
+    draft: DraftFacts,
+    *,
+    to: Sequence[str],
+    cc: Sequence[str] = (),
+    foreign: ForeignMarkers | None = None,
+    internal_only: bool = False,
+) -> GateResult:
+    """May this draft go to these recipients now? Every blocking reason is listed.
+
+    An internal send (every recipient verified internal) is never held by the client-send
+    policy or by approval: a requester's loop is closed whatever the rollout stage.
+    """
+    owner = _owner(context)
+    foreign = foreign or ForeignMarkers()
+    plan = build_recipients(
+        context, to=to, cc=cc, internal_only=internal_only, owner_evidence=task_owner_evidence(task)
+    )
+    reasons: list[BlockingReason] = []
+    if task.workspace_id != context.workspace_id:
+        reasons.append(
+            BlockingReason(
+                blocker=Blocker.WRONG_WORKSPACE,
+                detail=f"task {task.task_id} belongs to workspace {task.workspace_id}, not "
+                f"{context.workspace_id}",
+                owner=owner,
+            )
+        )
+    if task.state in TERMINAL_STATES:
+        reasons.append(
+            BlockingReason(
+                blocker=Blocker.TASK_CLOSED, detail=f"task {task.task_id} is closed", owner=owner
+            )
+        )
+    if not plan.to:
+        reasons.append(
+            BlockingReason(
+                blocker=Blocker.NO_RECIPIENTS,
+                detail="no recipient is left in To"
+                + (
+                    " (" + "; ".join(f"{r.address}: {r.reason}" for r in plan.removed) + ")"
+                    if plan.removed
+                    else ""
+                ),
+                owner=owner,
+            )
+        )
+    for recipient in plan.everyone:
+        if recipient.conflict is not None:
+            reasons.append(
+                BlockingReason(
+                    blocker=Blocker.RECIPIENT_CONFLICT,
+                    detail=f"{recipient.address}: conflicting evidence ({recipient.conflict})",
+                    recipient=recipient.address,
+                    owner=owner,
+                )
+            )
+        elif not recipient.resolved:
+            reasons.append(
+                BlockingReason(
+                    blocker=Blocker.RECIPIENT_UNKNOWN,
+                    detail=f"{recipient.address}: class unresolved ("
+                    + "; ".join(recipient.evidence)
+                    + "); record the contact's side in the workspace context",
+                    recipient=recipient.address,
+                    owner=owner,
+                )
+            )
+        if recipient.address in foreign.addresses:
+            reasons.append(
+                BlockingReason(
+                    blocker=Blocker.FOREIGN_RECIPIENT,
+                    detail=f"{recipient.address} is another workspace's client contact",
+                    recipient=recipient.address,
+                    owner=owner,
+                )
+            )
+    leaked = foreign_content(f"{draft.subject}\n{draft.text}", foreign)
+    if leaked:
+        reasons.append(
+            BlockingReason(
+                blocker=Blocker.FOREIGN_CONTENT,
+                detail="the draft names another workspace's client: " + ", ".join(leaked),
+                owner=owner,
+            )
+        )
+    communication = plan.communication
+    basis: str | None = None
+    if communication is Communication.CLIENT_FACING:
+        if context.client_send_policy is ClientSendPolicy.SENDS_DISABLED:
+            reasons.append(
+                BlockingReason(
+                    blocker=Blocker.SENDS_DISABLED,
+                    detail="client_send_policy is sends_disabled (a rollout stage): client-"
+                    "facing sends are held; internal work and internal replies continue",
+                    owner=owner,
+                )
+            )
+        approved = current_approval(task.approval_decisions, draft.digest)
+        standing = standing_covers(context, task.message_class)
+        if approved is not None:
+            basis = approved.describe()
+        elif standing is not None:
+            basis = standing
+        elif task.state is TaskState.CHANGES_REQUESTED:
+            reasons.append(
+                BlockingReason(
+                    blocker=Blocker.CHANGES_REQUESTED,
+                    detail="an approver asked for changes; revise the draft and request "
+                    "approval again",
+                    owner=owner,
+                )
+            )
+        else:
+            reasons.append(
+                BlockingReason(
+                    blocker=Blocker.APPROVAL_MISSING,
+                    detail=f"no approval of draft {draft.draft_id} (digest "
+                    f"{draft.digest[:12]}) from a recorded approver, and no standing approval "
+                    "covers this message class; request internal approval",
+                    owner=owner,
+                )
+            )
+    return GateResult(
+        ready=not reasons,
+        communication=communication,
+        plan=plan,
+        reasons=tuple(reasons),
+        approval_basis=basis,
+    )
+
+
+# -- request closure --------------------------------------------------------------------------
+
+
+def release_guard(task: Task, closing: bool) -> str | None:
+    """Why the occurrence may not be released yet (None: it may).
+
+    A verified internal requester's loop is closed before release, for partial results too:
+    an internal result or status reply must have been sent first.
+    """
+    if task.requester is not None and not task.requester_loop_closed and closing:
+        return (
+            f"the internal requester {task.requester} has not had a result or status reply; "
+            "send it (what is complete, what remains) before releasing the occurrence"
+        )
+    return None
+
+
+# -- attachments ------------------------------------------------------------------------------
+
+
+def unaccepted_attachments(context: WorkspaceContext, names: Iterable[str]) -> tuple[str, ...]:
+    """Attachments whose format the context does not accept (empty when it lists none)."""
+    accepted = set(context.attachments.accepted)
+    if not accepted:
+        return ()
+    refused: list[str] = []
+    for name in names:
+        suffix = PurePosixPath(name.replace("\\", "/")).suffix.lower().lstrip(".")
+        if suffix not in accepted:
+            refused.append(name)
+    return tuple(refused)
+
+
+def clarification_request(context: WorkspaceContext, names: Sequence[str]) -> str:
+    return (
+        "ask the sender for "
+        + ", ".join(repr(n) for n in names)
+        + " in an accepted format ("
+        + ", ".join(context.attachments.accepted)
+        + ")"
+    )

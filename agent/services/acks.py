@@ -1,0 +1,124 @@
+"""Bounded client receipt acknowledgements (seed 000 section 7).
+
+Sent only when the context enables them, the work cannot finish this run, the topic is
+routine, to the verified client sender alone, in the original thread and the sender's
+language, with exactly the context's template text, once for the inbound message (its
+ledger key), and within the per-recipient cap on automated mail.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from agent.domain.automation import AckPlan, SendKind, ack_for
+from agent.domain.context import WorkspaceContext
+from agent.domain.dispositions import Disposition
+from agent.domain.envelope import Address, Envelope
+from agent.domain.errors import ProviderError
+from agent.domain.mail import OutgoingMessage
+from agent.domain.records import SendIntent
+from agent.domain.task import CommunicationState, Task
+from agent.ports import Clock, MailProvider, Store
+from agent.rendering.render import render_message, reply_subject
+from agent.services.approvals import reply_text
+from agent.services.classify import Triage
+from agent.services.outbound import SendStatus, message_id_for, send_once
+
+
+def _routine(envelope: Envelope, verdict: Triage) -> bool:
+    """Routine by evidence: no attachments, nothing flagged, no gate opened by triage."""
+    return (
+        not envelope.attachment_refs
+        and not verdict.update.content_flags
+        and not verdict.update.add_gates
+    )
+
+
+def ack_message(context: WorkspaceContext, envelope: Envelope, plan: AckPlan) -> OutgoingMessage:
+    rendered = render_message(
+        plan.text,
+        subject=reply_subject(envelope.subject),
+        context=context,
+        language=plan.language,
+        greeting="",
+        signature="",
+    )
+    mid = message_id_for(plan.key, envelope.mailbox_id)
+    parent = envelope.internet_message_id
+    return OutgoingMessage(
+        provider_thread_id=envelope.provider_thread_id,
+        in_reply_to=parent,
+        references=(*envelope.references, parent) if parent else envelope.references,
+        sender=Address(address=envelope.mailbox_id),
+        to=(Address(address=plan.to),),
+        subject=rendered.subject,
+        text=rendered.text,
+        html=rendered.html,
+        internet_message_id=mid,
+    )
+
+
+async def acknowledge(
+    store: Store,
+    context: WorkspaceContext,
+    envelope: Envelope,
+    task: Task,
+    occurrence_key: str,
+    verdict: Triage,
+    provider: MailProvider,
+    clock: Clock,
+) -> Triage:
+    """Send the acknowledgement a new routine request may get; the verdict becomes
+    ACK_SENT when it went out (now or by an earlier attempt of the same claim)."""
+    if not context.receipt_ack:
+        return verdict
+    try:
+        texts = await reply_text(provider, envelope.body_ref)
+    except ProviderError as exc:
+        return replace(verdict, detail=_join(verdict.detail, f"no acknowledgement: {exc}"))
+    plan = ack_for(
+        context,
+        envelope,
+        occurrence_key=occurrence_key,
+        sender_text=texts[0],
+        finishes_this_run=False,  # intake never finishes the work itself
+        routine=_routine(envelope, verdict),
+    )
+    if not isinstance(plan, AckPlan):
+        return replace(verdict, detail=_join(verdict.detail, f"no acknowledgement: {plan.reason}"))
+    message = ack_message(context, envelope, plan)
+    intent = SendIntent(
+        key=plan.key,
+        workspace_id=context.workspace_id,
+        kind=SendKind.ACK,
+        task_id=task.task_id,
+        internet_message_id=message.internet_message_id,
+        recipients=(plan.to,),
+        automated=True,
+    )
+    try:
+        outcome = await send_once(
+            store,
+            provider,
+            intent,
+            message,
+            clock,
+            cap=context.automation.max_per_recipient_per_day,
+        )
+    except ProviderError as exc:
+        return replace(verdict, detail=_join(verdict.detail, f"acknowledgement failed: {exc}"))
+    if outcome.status is SendStatus.REFUSED:
+        return replace(
+            verdict, detail=_join(verdict.detail, f"no acknowledgement: {outcome.record.detail}")
+        )
+    if not outcome.went_out:
+        return verdict
+    return Triage(
+        Disposition.ACK_SENT,
+        verdict.update.model_copy(update={"communication_state": CommunicationState.ACK_SENT}),
+        _join(verdict.detail, f"receipt acknowledged in {plan.language} ({outcome.status.value})"),
+    )
+
+
+def _join(first: str, second: str) -> str:
+    return f"{first}; {second}" if first else second

@@ -1,0 +1,204 @@
+"""request_approval: draft_for_internal_approval, the default client-send policy.
+
+The rendered draft goes to the workspace's recorded approvers as an internal message linked
+to the task; the task waits in WAITING_INTERNAL_APPROVAL. An approver's reply in that
+thread is an inbound item like any other: intake links it to the task by its In-Reply-To,
+and the server judges it (approver role, same task and draft, explicit wording).
+"""
+
+from __future__ import annotations
+
+import html
+
+from agent.domain.approval import (
+    ApprovalDecision,
+    ApprovalRequest,
+    Decision,
+    approvers,
+    judge_reply,
+    request_answered,
+)
+from agent.domain.automation import SendKind
+from agent.domain.context import WorkspaceContext
+from agent.domain.dispositions import GateKind
+from agent.domain.envelope import Address, Envelope
+from agent.domain.errors import GateRefused
+from agent.domain.gates import draft_digest
+from agent.domain.mail import OutgoingMessage
+from agent.domain.recipients import build_recipients
+from agent.domain.records import SendIntent, TaskAmendment
+from agent.domain.states import TaskState
+from agent.domain.task import CommunicationState, Gate, MessageRef, NextAction, Task
+from agent.ports import Clock, MailProvider, Store
+from agent.rendering.render import RenderedMessage
+from agent.rendering.text import visible_text
+from agent.services.gate_check import load_task
+from agent.services.outbound import SendStatus, message_id_for, send_once
+from agent.services.workspaces import load_context
+
+
+def _request_text(task: Task, draft: RenderedMessage, to: str) -> str:
+    return (
+        f"Approval needed for task {task.task_id}: {task.title}\n"
+        f"The draft below is ready to go to {to}. Reply 'Approved' to approve exactly this "
+        "draft, or say what to change. Nothing is sent to the client before that.\n\n"
+        f"Subject: {draft.subject}\n\n{draft.text}"
+    )
+
+
+def _request_html(task: Task, draft: RenderedMessage, to: str) -> str:
+    note = (
+        '<div dir="ltr" lang="en" style="text-align:left;border-bottom:1px solid #ccc;'
+        'padding-bottom:8px;margin-bottom:8px">'
+        f"<p>Approval needed for task {html.escape(task.task_id)}: {html.escape(task.title)}</p>"
+        f"<p>The draft below is ready to go to {html.escape(to)}. Reply 'Approved' to approve "
+        "exactly this draft, or say what to change.</p></div>"
+    )
+    lowered = draft.html.lower()
+    at = lowered.find("<body")
+    if at >= 0:
+        end = draft.html.find(">", at) + 1
+        return draft.html[:end] + note + draft.html[end:]
+    return note + draft.html
+
+
+async def request_approval(
+    store: Store,
+    provider: MailProvider,
+    task_id: str,
+    draft_id: str,
+    draft: RenderedMessage,
+    client_recipients: tuple[str, ...],
+    clock: Clock,
+) -> ApprovalRequest:
+    """Send the draft to the recorded approvers and move the task to
+    WAITING_INTERNAL_APPROVAL. The task must be DRAFT_READY."""
+    task = load_task(store, task_id)
+    context: WorkspaceContext = load_context(store, task.workspace_id)
+    if task.state is not TaskState.DRAFT_READY:
+        raise GateRefused(
+            f"task {task_id} is {task.state}; approval is requested for a task in DRAFT_READY "
+            "(transition it there once the draft is ready)"
+        )
+    plan = build_recipients(context, to=approvers(context), internal_only=True)
+    if not plan.to:
+        raise GateRefused(
+            "no verified internal contact holds an approval role ("
+            + ", ".join(context.approval.roles)
+            + "); record one in the workspace context"
+        )
+    digest = draft_digest(draft.subject, draft.html, draft.text)
+    key = f"approval|{task_id}|{draft_id}|{digest}"
+    mid = message_id_for(key, task.mailbox_id)
+    to, cc = plan.addresses()
+    shown_to = ", ".join(client_recipients) or "the client"
+    message = OutgoingMessage(
+        provider_thread_id="",
+        sender=Address(address=task.mailbox_id),
+        to=tuple(Address(address=a) for a in to),
+        cc=tuple(Address(address=a) for a in cc),
+        subject=f"Approval needed: {task.title}",
+        text=_request_text(task, draft, shown_to),
+        html=_request_html(task, draft, shown_to),
+        internet_message_id=mid,
+    )
+    intent = SendIntent(
+        key=key,
+        workspace_id=task.workspace_id,
+        kind=SendKind.APPROVAL_REQUEST,
+        task_id=task_id,
+        internet_message_id=mid,
+        recipients=(*to, *cc),
+        automated=False,
+    )
+    outcome = await send_once(store, provider, intent, message, clock)
+    if outcome.status is SendStatus.IN_PROGRESS:
+        raise GateRefused(f"the approval request {key} is being sent by another worker")
+    now = clock.now()
+    request = ApprovalRequest(
+        draft_id=draft_id,
+        draft_digest=digest,
+        internet_message_id=mid,
+        provider_thread_id=outcome.result.provider_thread_id if outcome.result else "",
+        approvers=to,
+        sent_at=outcome.record.sent_at or now,
+    )
+    if any(r.internet_message_id == mid for r in task.approval_requests):
+        return request  # already recorded by an earlier call
+    store.amend_task(
+        task_id,
+        TaskAmendment(
+            event=f"approval requested: {key}",
+            expect_states=(TaskState.DRAFT_READY,),
+            state=TaskState.WAITING_INTERNAL_APPROVAL,
+            add_gates=(
+                Gate(
+                    kind=GateKind.INTERNAL_APPROVAL,
+                    owner=", ".join(to),
+                    since=now,
+                    reason=f"draft {draft_id} awaits approval by a recorded approver",
+                ),
+            ),
+            approval_request=request,
+            communication_state=CommunicationState.DRAFT_AWAITING_APPROVAL,
+            next_action=NextAction(
+                description=f"approve or request changes to draft {draft_id}", owner=", ".join(to)
+            ),
+            sent_message=MessageRef(
+                provider_message_id=outcome.record.provider_message_id or mid,
+                internet_message_id=mid,
+                direction="approval_request",
+                received_at=now,
+                sender=task.mailbox_id,
+            ),
+        ),
+        now,
+    )
+    return request
+
+
+async def reply_text(provider: MailProvider, body_ref: str) -> tuple[str, ...]:
+    """The reply's words as the sender wrote them: the plain-text part and the visible text
+    of the HTML part (each judged; both must agree)."""
+    body = await provider.fetch_body(body_ref)
+    texts = [body.text] if body.text.strip() else []
+    if body.html:
+        texts.append(visible_text(body.html))
+    return tuple(texts) or ("",)
+
+
+async def judge_inbound(
+    context: WorkspaceContext,
+    task: Task,
+    envelope: Envelope,
+    provider: MailProvider,
+    clock: Clock,
+) -> ApprovalDecision | None:
+    """The decision an inbound message carries when it answers one of the task's approval
+    requests (exact In-Reply-To/References linkage); None for any other message."""
+    request = request_answered(task.approval_requests, envelope.in_reply_to, envelope.references)
+    if request is None:
+        return None
+    verdicts = [
+        judge_reply(
+            context,
+            request,
+            sender=envelope.sender.address,
+            message_id=envelope.internet_message_id or envelope.provider_message_id,
+            received_at=envelope.received_at,
+            body=text,
+            now=clock.now(),
+        )
+        for text in await reply_text(provider, envelope.body_ref)
+    ]
+    decisions = {v.decision for v in verdicts}
+    if len(decisions) == 1:
+        return verdicts[0]
+    # The text and HTML parts say different things: neither counts.
+    return verdicts[0].model_copy(
+        update={
+            "decision": Decision.NONE,
+            "reason": "the plain-text and HTML parts of the reply disagree: "
+            + "; ".join(v.reason for v in verdicts),
+        }
+    )

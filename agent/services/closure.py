@@ -1,0 +1,127 @@
+"""Internal requester closure (seed 000, "Internal requester closure" and "Delivery evidence
+and independence").
+
+A verified internal requester gets a result or status reply, in the original thread,
+stating exactly what is complete and what remains, before the occurrence is released -
+partial results included. It is internal communication: no client-send restriction or
+approval holds it. A task is not closed or left partially completed while that loop is open.
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+from agent.domain.automation import SendKind
+from agent.domain.envelope import Address
+from agent.domain.errors import GateRefused
+from agent.domain.gates import DraftFacts, draft_digest, release_guard
+from agent.domain.mail import OutgoingMessage
+from agent.domain.records import SendIntent, TaskAmendment
+from agent.domain.states import TaskState
+from agent.domain.task import CommunicationState, MessageRef, Task
+from agent.ports import Clock, MailProvider, Store
+from agent.rendering.render import render_message, reply_subject
+from agent.services.gate_check import check_send, load_task
+from agent.services.outbound import SendOutcome, SendStatus, message_id_for, send_once
+from agent.services.workspaces import load_context
+
+#: States that release the occurrence's work; the requester's loop must be closed first.
+RELEASING: frozenset[TaskState] = frozenset({TaskState.COMPLETED, TaskState.PARTIALLY_COMPLETED})
+
+
+def status_text(complete: str, remaining: str) -> str:
+    text = f"**Complete:** {complete.strip() or 'nothing yet'}\n\n"
+    text += f"**Remaining:** {remaining.strip() or 'nothing'}"
+    return text
+
+
+def _last_inbound_from(task: Task, address: str) -> str | None:
+    for message in reversed(task.messages):
+        if message.direction == "inbound" and message.sender == address:
+            return message.internet_message_id
+    return None
+
+
+async def reply_to_requester(
+    store: Store,
+    provider: MailProvider,
+    task_id: str,
+    *,
+    complete: str,
+    remaining: str,
+    clock: Clock,
+) -> SendOutcome:
+    """Send the internal requester the result or status, and close their loop."""
+    task = load_task(store, task_id)
+    if task.requester is None:
+        raise GateRefused(f"task {task_id} has no verified internal requester to reply to")
+    context = load_context(store, task.workspace_id)
+    rendered = render_message(
+        status_text(complete, remaining),
+        subject=reply_subject(task.original_subject),
+        context=context,
+    )
+    digest = draft_digest(rendered.subject, rendered.html, rendered.text)
+    facts = DraftFacts(
+        draft_id=f"status-{digest[:12]}",
+        digest=digest,
+        subject=rendered.subject,
+        text=rendered.text,
+    )
+    gate = check_send(store, task_id, facts, to=(task.requester,), internal_only=True)
+    if not gate.ready:
+        raise GateRefused(f"the status reply to {task.requester} cannot go: {gate.summary()}")
+    to, cc = gate.plan.addresses()
+    key = f"status|{task_id}|{hashlib.sha256((complete + '|' + remaining).encode()).hexdigest()}"
+    mid = message_id_for(key, task.mailbox_id)
+    parent = _last_inbound_from(task, task.requester)
+    message = OutgoingMessage(
+        provider_thread_id=task.provider_thread_id,
+        in_reply_to=parent,
+        references=(parent,) if parent else (),
+        sender=Address(address=task.mailbox_id),
+        to=tuple(Address(address=a) for a in to),
+        cc=tuple(Address(address=a) for a in cc),
+        subject=rendered.subject,
+        text=rendered.text,
+        html=rendered.html,
+        internet_message_id=mid,
+    )
+    intent = SendIntent(
+        key=key,
+        workspace_id=task.workspace_id,
+        kind=SendKind.INTERNAL_REPLY,
+        task_id=task_id,
+        internet_message_id=mid,
+        recipients=(*to, *cc),
+        automated=False,
+    )
+    outcome = await send_once(store, provider, intent, message, clock)
+    if outcome.status is SendStatus.IN_PROGRESS:
+        raise GateRefused(f"the status reply {key} is being sent by another worker")
+    store.amend_task(
+        task_id,
+        TaskAmendment(
+            event=f"requester loop closed: {key}",
+            requester_loop_closed=True,
+            communication_state=CommunicationState.INTERNAL_UPDATE_SENT,
+            remaining_work=remaining,
+            sent_message=MessageRef(
+                provider_message_id=outcome.record.provider_message_id or mid,
+                internet_message_id=mid,
+                direction="internal_reply",
+                received_at=clock.now(),
+                sender=task.mailbox_id,
+            ),
+        ),
+        clock.now(),
+    )
+    return outcome
+
+
+def release(store: Store, task_id: str, target: TaskState, evidence: str, clock: Clock) -> Task:
+    """Move a task to a releasing state, refused while its requester's loop is open."""
+    refused = release_guard(load_task(store, task_id), closing=target in RELEASING)
+    if refused is not None:
+        raise GateRefused(refused)
+    return store.transition_task(task_id, target, evidence, clock.now())

@@ -1,0 +1,64 @@
+"""gate_check: may this draft go to these recipients now? Read-only.
+
+The service gathers the evidence (the task record, the live Workspace Context, the other
+registered workspaces' client identifiers for mixed-client isolation) and asks the pure
+gate in agent.domain.gates. Nothing the caller says about classes or approval is evidence.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from agent.domain.context import WorkspaceContext
+from agent.domain.errors import ContextError, RegistryError
+from agent.domain.gates import (
+    DraftFacts,
+    ForeignMarkers,
+    GateResult,
+    evaluate_send,
+    foreign_markers,
+)
+from agent.domain.task import Task
+from agent.ports import Store
+from agent.services.workspaces import load_context, registered_context
+
+
+def other_workspaces(store: Store, active: WorkspaceContext) -> ForeignMarkers:
+    others: list[WorkspaceContext] = []
+    for row in store.list_workspaces():
+        if row.workspace_id == active.workspace_id:
+            continue
+        try:
+            others.append(registered_context(row))
+        except ContextError:
+            continue  # an unreadable registration has no contacts to leak
+    return foreign_markers(active, others)
+
+
+def load_task(store: Store, task_id: str) -> Task:
+    task = store.get_task(task_id)
+    if task is None:
+        raise RegistryError(f"no task {task_id!r}; list_queue shows the workspace's open tasks")
+    return task
+
+
+def check_send(
+    store: Store,
+    task_id: str,
+    draft: DraftFacts,
+    *,
+    to: Sequence[str],
+    cc: Sequence[str] = (),
+    internal_only: bool = False,
+) -> GateResult:
+    task = load_task(store, task_id)
+    context = load_context(store, task.workspace_id)  # the live context, never the caller's
+    return evaluate_send(
+        context,
+        task,
+        draft,
+        to=to,
+        cc=cc,
+        foreign=other_workspaces(store, context),
+        internal_only=internal_only,
+    )

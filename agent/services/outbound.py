@@ -1,0 +1,87 @@
+"""Ledgered sending: every outbound message is recorded before the provider is asked.
+
+The ledger key names the message (an acknowledgement of one inbound message, the reminder
+of one waiting period, the approval request of one draft), so the same message is never
+sent twice: a second attempt finds the key. An intent left behind by a worker that stopped
+mid-send is resolved by reading the provider's sent copy first; only when the provider has
+none, and the intent is older than the in-flight window, is it sent again under the same
+Message-ID.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from datetime import timedelta
+from enum import StrEnum
+
+from agent import crashpoints
+from agent.domain.mail import OutgoingMessage, SendResult
+from agent.domain.records import SendIntent, SendRecord, SendState
+from agent.ports import Clock, MailProvider, Store
+
+IN_FLIGHT = timedelta(minutes=10)
+"""How long an unfinished intent is taken to be another worker's send still in progress."""
+
+
+class SendStatus(StrEnum):
+    SENT = "sent"
+    ALREADY_SENT = "already_sent"
+    RECOVERED = "recovered"
+    """A stopped worker's send: the provider's sent copy proved it went out."""
+    IN_PROGRESS = "in_progress"
+    REFUSED = "refused"
+
+
+@dataclass(frozen=True)
+class SendOutcome:
+    status: SendStatus
+    record: SendRecord
+    result: SendResult | None = None
+
+    @property
+    def went_out(self) -> bool:
+        return self.status in {SendStatus.SENT, SendStatus.RECOVERED, SendStatus.ALREADY_SENT}
+
+
+def message_id_for(key: str, mailbox_id: str) -> str:
+    """A Message-ID derived from the ledger key: a resend after a crash reuses it."""
+    domain = mailbox_id.rsplit("@", 1)[-1] if "@" in mailbox_id else "outloop.invalid"
+    return f"<{hashlib.sha256(key.encode()).hexdigest()[:32]}.outloop@{domain}>"
+
+
+async def send_once(
+    store: Store,
+    provider: MailProvider,
+    intent: SendIntent,
+    message: OutgoingMessage,
+    clock: Clock,
+    cap: int | None = None,
+) -> SendOutcome:
+    """Send ``message`` at most once under ``intent.key``."""
+    if message.internet_message_id != intent.internet_message_id:
+        raise ValueError("the message and its intent must carry the same Message-ID")
+    record = store.begin_send(intent, clock.now(), cap)
+    if record.state is SendState.REFUSED:
+        return SendOutcome(SendStatus.REFUSED, record)
+    if not record.created:
+        if record.state is SendState.SENT:
+            return SendOutcome(SendStatus.ALREADY_SENT, record)
+        copy = await provider.read_back(record.internet_message_id)
+        if copy is not None:
+            done = store.complete_send(
+                record.key, copy.provider_message_id, "recovered from the sent copy", clock.now()
+            )
+            return SendOutcome(SendStatus.RECOVERED, done)
+        if clock.now() - record.created_at < IN_FLIGHT:
+            return SendOutcome(SendStatus.IN_PROGRESS, record)
+    crashpoints.hit("before_provider_send")
+    result = await provider.send(message)
+    crashpoints.hit("after_provider_send")
+    done = store.complete_send(
+        intent.key,
+        result.provider_message_id,
+        f"via {result.channel}" + ("" if result.delivered else " (not a delivery)"),
+        clock.now(),
+    )
+    return SendOutcome(SendStatus.SENT, done, result)

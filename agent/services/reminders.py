@@ -1,0 +1,106 @@
+"""Business-day reminders: one internal reminder per waiting period, to the client manager.
+
+A task in WAITING_CLIENT past the context's ``reminder_business_days`` (in the workspace's
+timezone, weekend and holidays) gets exactly one reminder to the recorded client manager,
+never to the client. The sends ledger keys it by the task and the moment its waiting began,
+so neither a second run nor a restart sends it again.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from agent.domain.automation import ReminderPlan, ReminderSkip, SendKind, reminder_for
+from agent.domain.context import WorkspaceContext
+from agent.domain.envelope import Address
+from agent.domain.errors import ProviderError
+from agent.domain.mail import OutgoingMessage
+from agent.domain.records import SendIntent, TaskAmendment
+from agent.domain.task import MessageRef
+from agent.ports import Clock, MailProvider, Store
+from agent.services.outbound import SendStatus, message_id_for, send_once
+
+
+async def send_due(
+    store: Store,
+    context: WorkspaceContext,
+    providers: Mapping[str, MailProvider],
+    clock: Clock,
+) -> list[str]:
+    """Send every reminder now due in the workspace; returns a line per reminder."""
+    lines: list[str] = []
+    now = clock.now()
+    for task in store.list_queue(context.workspace_id):
+        plan = reminder_for(context, task, now)
+        if plan is None:
+            continue
+        if isinstance(plan, ReminderSkip):
+            store.record_health(f"reminder {task.task_id}", plan.reason, now)
+            lines.append(f"{task.task_id}: {plan.reason}")
+            continue
+        provider = providers.get(task.mailbox_id)
+        if provider is None:
+            lines.append(f"{task.task_id}: mailbox {task.mailbox_id} was not readable this run")
+            continue
+        lines.append(f"{task.task_id}: {await _send(store, context, provider, plan, clock)}")
+    return lines
+
+
+async def _send(
+    store: Store,
+    context: WorkspaceContext,
+    provider: MailProvider,
+    plan: ReminderPlan,
+    clock: Clock,
+) -> str:
+    task = store.get_task(plan.task_id)
+    if task is None:
+        return "the task is gone"
+    mid = message_id_for(plan.key, task.mailbox_id)
+    message = OutgoingMessage(
+        provider_thread_id="",
+        sender=Address(address=task.mailbox_id),
+        to=(Address(address=plan.to),),
+        subject=plan.subject,
+        text=plan.text,
+        internet_message_id=mid,
+    )
+    intent = SendIntent(
+        key=plan.key,
+        workspace_id=context.workspace_id,
+        kind=SendKind.REMINDER,
+        task_id=task.task_id,
+        internet_message_id=mid,
+        recipients=(plan.to,),
+        automated=True,
+    )
+    try:
+        outcome = await send_once(
+            store,
+            provider,
+            intent,
+            message,
+            clock,
+            cap=context.automation.max_per_recipient_per_day,
+        )
+    except ProviderError as exc:
+        store.record_health(f"reminder {task.task_id}", f"send failed: {exc}", clock.now())
+        return f"send failed ({exc}); retried next run"
+    if outcome.status is SendStatus.SENT:
+        store.amend_task(
+            task.task_id,
+            TaskAmendment(
+                event=f"reminder sent: {plan.key}",
+                sent_message=MessageRef(
+                    provider_message_id=outcome.record.provider_message_id or mid,
+                    internet_message_id=mid,
+                    direction="reminder",
+                    received_at=clock.now(),
+                    sender=task.mailbox_id,
+                ),
+            ),
+            clock.now(),
+        )
+    if outcome.status is SendStatus.REFUSED:
+        return f"held: {outcome.record.detail}"
+    return f"reminder to {plan.to} {outcome.status.value}"
