@@ -54,9 +54,9 @@ class InMemoryProvider:
     def mailbox_id(self) -> str:
         return self._mailbox_id
 
-    def deliver(self, envelope: Envelope, text: str = "") -> None:
+    def deliver(self, envelope: Envelope, text: str = "", html: str | None = None) -> None:
         self.inbox.append(ScannedMessage(item_ref=envelope.provider_message_id, envelope=envelope))
-        self.bodies[envelope.body_ref] = MessageBody(text=text)
+        self.bodies[envelope.body_ref] = MessageBody(text=text, html=html)
 
     def deliver_unreadable(self, item_ref: str, error: str) -> None:
         self.inbox.append(ScannedMessage(item_ref=item_ref, error=error))

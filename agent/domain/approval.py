@@ -357,11 +357,22 @@ def standing_covers(context: WorkspaceContext, message_class: str | None) -> str
 
 
 def current_approval(
-    decisions: tuple[ApprovalDecision, ...], draft_digest: str
+    requests: tuple[ApprovalRequest, ...],
+    decisions: tuple[ApprovalDecision, ...],
+    draft_digest: str,
 ) -> ApprovalDecision | None:
-    """The approval in force for this exact draft: its latest decision, if that approves."""
+    """The approval in force for this exact draft: the draft must be the one the task's
+    latest approval request carried, and the latest decision answering that request must
+    approve it. An answer to an older request (a superseded draft) is on record only."""
+    if not requests or requests[-1].draft_digest != draft_digest:
+        return None
+    latest_request = requests[-1].internet_message_id
     latest: ApprovalDecision | None = None
     for decision in decisions:
-        if decision.draft_digest == draft_digest and decision.decision is not Decision.NONE:
+        if (
+            decision.request_message_id == latest_request
+            and decision.draft_digest == draft_digest
+            and decision.decision is not Decision.NONE
+        ):
             latest = decision
     return latest if latest is not None and latest.decision is Decision.APPROVED else None

@@ -244,7 +244,7 @@ def evaluate_send(
                     owner=owner,
                 )
             )
-        approved = current_approval(task.approval_decisions, draft.digest)
+        approved = current_approval(task.approval_requests, task.approval_decisions, draft.digest)
         standing = standing_covers(context, task.message_class)
         if approved is not None:
             basis = approved.describe()
