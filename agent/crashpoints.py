@@ -19,6 +19,8 @@ POINTS = (
     "before_provider_send",  # the send is ledgered as an intent, the provider not asked
     "after_provider_send",  # the provider took the message, the ledger not yet updated
 )
+#: The points every intake run passes (the sending points are hit only when mail is sent).
+INTAKE_POINTS = POINTS[:5]
 
 _armed: dict[str, int] = {}
 

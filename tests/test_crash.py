@@ -161,7 +161,7 @@ def assert_recovered(world: World) -> dict[str, int]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("point", crashpoints.POINTS)
+@pytest.mark.parametrize("point", crashpoints.INTAKE_POINTS)
 def test_workers_killed_at_a_named_crash_point_lose_and_duplicate_nothing(
     point: str, tmp_path: Path
 ) -> None:

@@ -151,6 +151,8 @@ class SendIntent(BaseModel):
     internet_message_id: str
     recipients: tuple[str, ...]
     automated: bool
+    holder: str = ""
+    """The worker sending it (filled in by the sending service)."""
 
 
 class SendRecord(BaseModel):
@@ -162,6 +164,7 @@ class SendRecord(BaseModel):
     task_id: str | None
     internet_message_id: str
     recipients: tuple[str, ...]
+    holder: str = ""
     state: SendState
     detail: str = ""
     created_at: datetime

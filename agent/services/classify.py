@@ -248,7 +248,7 @@ def triage(
             )
         )
         state = TaskState.IN_DISCOVERY
-        if disposition in {Disposition.QUEUED, Disposition.AWAITING_ASSIGNMENT}:
+        if disposition is Disposition.QUEUED:
             disposition = Disposition.CONTEXT_GAP_DISCOVERY
             next_action = NextAction(
                 description="discover the missing context; continue safe, reversible work",

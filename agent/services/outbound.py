@@ -19,6 +19,7 @@ from agent import crashpoints
 from agent.domain.mail import OutgoingMessage, SendResult
 from agent.domain.records import SendIntent, SendRecord, SendState
 from agent.ports import Clock, MailProvider, Store
+from agent.services.holder import current_holder, holder_alive
 
 IN_FLIGHT = timedelta(minutes=10)
 """How long an unfinished intent is taken to be another worker's send still in progress."""
@@ -58,9 +59,16 @@ async def send_once(
     clock: Clock,
     cap: int | None = None,
 ) -> SendOutcome:
-    """Send ``message`` at most once under ``intent.key``."""
+    """Send ``message`` at most once under ``intent.key``.
+
+    An unfinished intent of another worker is left to it while that worker is alive and
+    for at most IN_FLIGHT; the intent of a dead worker is resolved at once (its sent copy
+    read first).
+    """
     if message.internet_message_id != intent.internet_message_id:
         raise ValueError("the message and its intent must carry the same Message-ID")
+    if not intent.holder:
+        intent = intent.model_copy(update={"holder": current_holder()})
     record = store.begin_send(intent, clock.now(), cap)
     if record.state is SendState.REFUSED:
         return SendOutcome(SendStatus.REFUSED, record)
@@ -73,7 +81,7 @@ async def send_once(
                 record.key, copy.provider_message_id, "recovered from the sent copy", clock.now()
             )
             return SendOutcome(SendStatus.RECOVERED, done)
-        if clock.now() - record.created_at < IN_FLIGHT:
+        if holder_alive(record.holder) and clock.now() - record.created_at < IN_FLIGHT:
             return SendOutcome(SendStatus.IN_PROGRESS, record)
     crashpoints.hit("before_provider_send")
     result = await provider.send(message)

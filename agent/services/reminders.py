@@ -86,7 +86,7 @@ async def _send(
     except ProviderError as exc:
         store.record_health(f"reminder {task.task_id}", f"send failed: {exc}", clock.now())
         return f"send failed ({exc}); retried next run"
-    if outcome.status is SendStatus.SENT:
+    if outcome.status in {SendStatus.SENT, SendStatus.RECOVERED}:
         store.amend_task(
             task.task_id,
             TaskAmendment(

@@ -133,6 +133,7 @@ MIGRATIONS: tuple[tuple[int, tuple[str, ...]], ...] = (
                 task_id TEXT,
                 internet_message_id TEXT NOT NULL,
                 recipients TEXT NOT NULL,
+                holder TEXT NOT NULL,
                 state TEXT NOT NULL CHECK (state IN ('intent', 'sent')),
                 detail TEXT NOT NULL,
                 created_at REAL NOT NULL,

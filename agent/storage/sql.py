@@ -1083,6 +1083,7 @@ class SqlStore:
             task_id=row["task_id"],
             internet_message_id=row["internet_message_id"],
             recipients=tuple(json.loads(row["recipients"])),
+            holder=row["holder"],
             state=SendState(row["state"]),
             detail=row["detail"],
             created_at=dt(row["created_at"]) or datetime.now(UTC),
@@ -1121,8 +1122,8 @@ class SqlStore:
                         )
             row = conn.execute(
                 "INSERT INTO sends (key, workspace_id, kind, task_id, internet_message_id,"
-                " recipients, state, detail, created_at) VALUES (?, ?, ?, ?, ?, ?, 'intent', '', ?)"
-                " RETURNING *",
+                " recipients, holder, state, detail, created_at)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, 'intent', '', ?) RETURNING *",
                 (
                     intent.key,
                     intent.workspace_id,
@@ -1130,6 +1131,7 @@ class SqlStore:
                     intent.task_id,
                     intent.internet_message_id,
                     json.dumps(list(intent.recipients)),
+                    intent.holder,
                     ts(now),
                 ),
             ).fetchone()

@@ -46,6 +46,7 @@ class World:
         *,
         sender: str,
         thread: int | str,
+        sender_name: str = "",
         text: str = "",
         html: str | None = None,
         subject: str = "Quote request",
@@ -63,7 +64,11 @@ class World:
             in_reply_to=in_reply_to,
             received_at=received_at or self.clock.now(),
         )
-        update: dict[str, Any] = {"provider_thread_id": f"thread-{thread}", **changes}
+        update: dict[str, Any] = {
+            "provider_thread_id": f"thread-{thread}",
+            "sender": Address(address=sender, name=sender_name),
+            **changes,
+        }
         envelope = envelope.model_copy(update=update)
         self.box.deliver(envelope, text, html)
         return envelope
