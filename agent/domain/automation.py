@@ -45,6 +45,10 @@ def add_business_days(context: WorkspaceContext, start: datetime, days: int) -> 
     day: date = local.date()
     wall: time = local.time().replace(tzinfo=None)
     if not context.calendar.is_business_day(day):
+        # The clock starts at the beginning of the next business day.
+        day += timedelta(days=1)
+        while not context.calendar.is_business_day(day):
+            day += timedelta(days=1)
         wall = time(0, 0)
     counted = 0
     while counted < days:

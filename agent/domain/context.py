@@ -97,6 +97,8 @@ class Calendar(_Model):
         for day in days:
             if day not in WEEKDAYS:
                 raise ValueError(f"unknown weekday {day!r}; use one of {', '.join(WEEKDAYS)}")
+        if len(set(days)) == len(WEEKDAYS):
+            raise ValueError("a weekend of all seven days leaves no business day")
         return days
 
     def is_business_day(self, day: date) -> bool:

@@ -33,7 +33,7 @@ class Communication(StrEnum):
     CLIENT_FACING = "client_facing"
 
 
-_ADDRESS = re.compile(r"^[^\s@<>,;:\"()\[\]\\]+@[A-Za-z0-9](?:[A-Za-z0-9.-]*[A-Za-z0-9])?$")
+_ADDRESS = re.compile(r"^[^\s@<>,;:\"()\[\]\\]+@[^\W_](?:[\w.-]*[^\W_])?$")
 
 
 class OwnerEvidence(BaseModel):
@@ -259,7 +259,7 @@ def build_recipients(
     cc_kept = take(cc)
     added: list[str] = []
     for address in context.default_cc:
-        if address in seen:
+        if address in seen or address in mine:
             continue
         seen.add(address)
         classified = classify_recipient(context, address, owner_evidence)
