@@ -117,7 +117,9 @@ def test_a_standing_approval_covers_only_its_message_class() -> None:
     )
     text = context_yaml().replace("approval: {roles: [approver], standing: []}\n", standing)
     context = parse_context(text)
-    covered = evaluate_send(context, task(message_class="delivery_confirmation"), DRAFT, to=[CLIENT])
+    covered = evaluate_send(
+        context, task(message_class="delivery_confirmation"), DRAFT, to=[CLIENT]
+    )
     assert covered.ready and "standing approval" in (covered.approval_basis or "")
     other = evaluate_send(context, task(message_class="refund"), DRAFT, to=[CLIENT])
     assert blockers(other) == {Blocker.APPROVAL_MISSING}
@@ -224,7 +226,9 @@ def test_gate_and_guards_touch_neither_a_store_nor_a_provider() -> None:
     sys.setprofile(profile)
     try:
         markers = foreign_markers(context, others)
-        evaluate_send(context, task(), DRAFT, to=[CLIENT, APPROVER], cc=["x@y.test"], foreign=markers)
+        evaluate_send(
+            context, task(), DRAFT, to=[CLIENT, APPROVER], cc=["x@y.test"], foreign=markers
+        )
         release_guard(task(requester=APPROVER), closing=True)
         unaccepted_attachments(context, ["a.exe"])
     finally:

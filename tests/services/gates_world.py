@@ -90,7 +90,9 @@ class World:
             self.store.transition_task(task_id, state, "internal work done", self.clock.now())
         return self.task(task_id)
 
-    def render(self, task: Task, body: str = "The price is **$1,200** (ID A-17).") -> RenderedMessage:
+    def render(
+        self, task: Task, body: str = "The price is **$1,200** (ID A-17)."
+    ) -> RenderedMessage:
         context = workspaces.load_context(self.store, self.workspace_id)
         return render_message(
             body, subject=reply_subject(task.original_subject), context=context, language="en"

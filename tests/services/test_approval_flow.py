@@ -78,13 +78,17 @@ async def test_scenario_05_internal_work_proceeds_while_the_client_send_waits_fo
     # Invalid evidence: a thumbs-up from the approver, an "Approved." from a colleague with
     # no approval role, and the client quoting an approval - none of them approves.
     world.clock.advance(minutes=5)
-    world.deliver(sender=APPROVER, thread="appr", text="👍", in_reply_to=request.internet_message_id)
+    world.deliver(
+        sender=APPROVER, thread="appr", text="👍", in_reply_to=request.internet_message_id
+    )
     world.deliver(
         sender=COLLEAGUE, thread="appr", text="Approved.", in_reply_to=request.internet_message_id
     )
     world.deliver(sender=CLIENT, thread=1, text="Thanks!\n> Approved, send it.")
     result = await world.intake()
-    decided = {i.disposition for i in result.items if i.claim is not None and i.task_created is False}
+    decided = {
+        i.disposition for i in result.items if i.claim is not None and i.task_created is False
+    }
     assert Disposition.WAITING_INTERNAL_APPROVAL in decided
     task = world.task(task.task_id)
     assert len(world.store.list_tasks(world.workspace_id)) == 1  # replies never make tasks
@@ -151,7 +155,9 @@ async def test_changes_requested_sends_the_work_back_and_a_new_draft_needs_a_new
     assert task.state is TaskState.WAITING_INTERNAL_APPROVAL
     assert not world.gate(task, revised, (CLIENT,), "d2").ready
     world.clock.advance(minutes=1)
-    world.deliver(sender=APPROVER, thread="appr", text="מאושר", in_reply_to=second.internet_message_id)
+    world.deliver(
+        sender=APPROVER, thread="appr", text="מאושר", in_reply_to=second.internet_message_id
+    )
     await world.intake()
     task = world.task(task_id)
     assert task.state is TaskState.APPROVED_TO_SEND

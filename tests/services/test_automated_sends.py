@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import pytest
 
@@ -85,7 +86,9 @@ async def test_one_internal_reminder_after_the_business_days_never_twice_across_
     await world.intake()
     # A restart: a new store connection and a new provider object on the same data.
     store = SqliteStore(data_dir.database)
-    restarted = World(store, data_dir, world.workspace_id, world.clock, box=InMemoryProvider(MAILBOX))
+    restarted = World(
+        store, data_dir, world.workspace_id, world.clock, box=InMemoryProvider(MAILBOX)
+    )
     restarted.clock.advance(days=3)
     result = await restarted.intake()
     assert restarted.box.sent == [] and _reminders(world.box) == [reminder]
@@ -105,7 +108,9 @@ async def test_a_task_waiting_again_later_gets_one_reminder_for_the_new_waiting_
     world.clock.moment = start + timedelta(days=3)
     await world.intake()
     assert len(_reminders(world.box)) == 1
-    world.store.transition_task(task_id, TaskState.TASK_RESOLVED, "client answered", world.clock.now())
+    world.store.transition_task(
+        task_id, TaskState.TASK_RESOLVED, "client answered", world.clock.now()
+    )
     world.store.transition_task(task_id, TaskState.WAITING_CLIENT, "asked again", world.clock.now())
     world.clock.advance(days=1)
     await world.intake()
@@ -203,7 +208,7 @@ async def test_acknowledgements_respect_the_per_recipient_cap(
     ids=["unknown-sender", "not-routine-attachment", "option-off"],
 )
 async def test_no_acknowledgement_outside_its_bounds(
-    make_world: Callable[..., World], text_changes: str, sender: str, changes: dict[str, object]
+    make_world: Callable[..., World], text_changes: str, sender: str, changes: dict[str, Any]
 ) -> None:
     extra = ACKS.replace("receipt_ack: true\n", text_changes or "receipt_ack: true\n")
     world = make_world(_ctx(extra))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from datetime import timedelta
+from typing import Any
 
 import pytest
 
@@ -103,7 +104,9 @@ async def test_row_a_bounce_of_a_task_message_joins_its_task_and_is_escalated(
     item = await _one(world)
     assert item.disposition is Disposition.ESCALATED and not item.task_created
     task = world.only_task()
-    assert any(g.kind is GateKind.ESCALATION and "not delivered" in g.reason for g in task.open_gates)
+    assert any(
+        g.kind is GateKind.ESCALATION and "not delivered" in g.reason for g in task.open_gates
+    )
 
 
 async def test_row_a_bounce_linked_to_nothing_is_noise(make_world: Callable[..., World]) -> None:
@@ -143,7 +146,7 @@ async def test_row_an_out_of_office_reply_joins_the_thread_and_keeps_waiting_cli
     ],
 )
 async def test_row_clear_automated_or_list_mail_from_an_unknown_sender_is_noise(
-    make_world: Callable[..., World], changes: dict[str, str]
+    make_world: Callable[..., World], changes: dict[str, Any]
 ) -> None:
     world = make_world()
     world.deliver(sender="news@example.test", thread=1, **changes)
