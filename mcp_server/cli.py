@@ -17,6 +17,7 @@ import click
 
 from agent import crashpoints
 from agent.domain.errors import OutloopError
+from agent.domain.untrusted import flag
 from agent.services import intake, workspaces
 from agent.services.clock import SystemClock
 from bench import claims, reconcile, render
@@ -171,7 +172,16 @@ def workspace_show(workspace_id: str | None, as_json: bool, data_dir: Path | Non
             click.echo(f"  mailbox {mailbox.mailbox_id} via {mailbox.provider}")
         click.echo(f"  queue: {len(queue)} open task(s), oldest first")
         for task in queue:
-            click.echo(f"    {task.received_at:%Y-%m-%d %H:%M} {task.state:<26} {task.title}")
+            # Titles and names are untrusted: control characters are written out, and the
+            # task's flags are shown with them.
+            title = flag(task.title).shown
+            sender = f" from {task.sender_name}" if task.sender_name else ""
+            click.echo(
+                f"    {task.received_at:%Y-%m-%d %H:%M} {task.state:<26} {title}"
+                f"{sender} <{task.sender_identity}>"
+            )
+            for warning in task.content_flags:
+                click.echo(f"      ⚠ {warning}")
     except OutloopError as exc:
         _fail(exc)
     finally:

@@ -12,6 +12,7 @@ import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from email.message import EmailMessage
+from email.policy import SMTPUTF8
 from pathlib import Path
 from typing import Any
 
@@ -579,3 +580,20 @@ def test_bench_reconcile_counts_every_item_into_one_class(
     figures = result["backends"][backend]
     assert figures["scanned"] == 3000
     assert figures["reconciliation_failed"] == figures["undecided_before"] == 30
+
+
+def test_workspace_show_writes_out_bidi_controls_and_shows_the_tasks_flags(
+    cli: Cli, maildir_workspace: MaildirWorkspace, tmp_path: Path
+) -> None:
+    box = mailbox.Maildir(str(tmp_path / "mail" / "Maildir"), create=False)
+    msg = _message("Invoice \u202egpj.exe", "<spoof-1@contoso.test>")
+    msg.replace_header("From", '"Dana \u202eiveL" <dana.levi@contoso.test>')
+    box.add(msg.as_bytes(policy=SMTPUTF8))
+    assert cli("workspace", "add", "--context", maildir_workspace.context_file).returncode == 0
+    _run_json(cli, "--quiet")
+    done = cli("workspace", "show", "--workspace", WORKSPACE_ID)
+    assert done.returncode == 0, done.stderr
+    assert "\u202e" not in done.stdout
+    [line] = [ln for ln in done.stdout.splitlines() if "gpj.exe" in ln]
+    assert "⚠ Invoice [U+202E]gpj.exe" in line and "from ⚠ Dana [U+202E]iveL" in line
+    assert "⚠ sender display name: bidi control characters [U+202E]" in done.stdout

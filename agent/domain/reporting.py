@@ -181,8 +181,11 @@ def apply_amendment(task: Task, amendment: TaskAmendment, now: datetime) -> Task
     kept = tuple(g for g in task.open_gates if g.kind not in removed)
     kinds = {g.kind for g in kept}
     changes["open_gates"] = (*kept, *(g for g in amendment.add_gates if g.kind not in kinds))
-    if amendment.approval_request is not None:
-        changes["approval_requests"] = (*task.approval_requests, amendment.approval_request)
+    request = amendment.approval_request
+    if request is not None and all(
+        r.internet_message_id != request.internet_message_id for r in task.approval_requests
+    ):
+        changes["approval_requests"] = (*task.approval_requests, request)
     if amendment.communication_state is not None:
         changes["communication_state"] = amendment.communication_state
     if amendment.requester_loop_closed is not None:

@@ -1098,10 +1098,15 @@ class SqlStore:
         def body(conn: Tx) -> SendRecord:
             # Automated sends of one workspace are decided one at a time, so two workers
             # can never both squeeze under the cap.
-            conn.execute(
+            locked = conn.execute(
                 "SELECT workspace_id FROM workspaces WHERE workspace_id = ?" + self.FOR_UPDATE,
                 (intent.workspace_id,),
             ).fetchone()
+            if locked is None:
+                raise StoreError(
+                    f"workspace {intent.workspace_id} is not registered; only a registered "
+                    "workspace sends mail (outloop workspace add)"
+                )
             existing = conn.execute("SELECT * FROM sends WHERE key = ?", (intent.key,)).fetchone()
             if existing is not None:
                 return self._send(existing)

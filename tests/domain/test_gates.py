@@ -21,6 +21,8 @@ from agent.domain.gates import (
     unaccepted_attachments,
 )
 from agent.domain.recipients import Communication
+from agent.domain.records import TaskAmendment
+from agent.domain.reporting import apply_amendment
 from agent.domain.states import TaskState
 from agent.domain.task import NextAction, Task
 from tests.conftest import context_yaml
@@ -264,3 +266,10 @@ def test_an_answer_to_an_older_approval_request_is_recorded_but_does_not_cover_t
 def test_malformed_recipients_never_pass_the_gate(address: str) -> None:
     result = evaluate_send(ctx(), task(approval_decisions=(approved(),)), DRAFT, to=[address])
     assert not result.ready
+
+
+def test_recording_the_same_approval_request_twice_keeps_one() -> None:
+    amendment = TaskAmendment(event="approval requested", approval_request=REQUEST)
+    once = apply_amendment(task(approval_requests=()), amendment, T0)
+    twice = apply_amendment(once, amendment, T0)
+    assert once.approval_requests == twice.approval_requests == (REQUEST,)

@@ -132,7 +132,7 @@ def test_a_fresh_store_has_zero_workspaces_tasks_and_claims(store: Store) -> Non
     assert store.list_workspaces() == []
     assert store.counts() == dict.fromkeys(
         ("executions", "tasks", "task_threads", "task_messages", "runs", "run_items", "escalations",
-         "executions_done"), 0
+         "sends", "executions_done"), 0
     )  # fmt: skip
 
 
