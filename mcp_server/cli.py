@@ -234,6 +234,7 @@ def _summary(result: intake.RunResult) -> dict[str, Any]:
         "reconciliation": rec.model_dump(mode="json") if rec else None,
         "access_errors": result.access_errors,
         "item_errors": result.item_errors,
+        "reminders": result.reminders,
     }
 
 
@@ -293,6 +294,9 @@ def run_command(
             click.echo(f"mailbox not read: {error}", err=True)
         for error in result.item_errors:
             click.echo(f"item not handled (a later run retries it): {error}", err=True)
+        if not quiet:
+            for line in result.reminders:
+                click.echo(f"reminder {line}", err=True)
         clean = result.reconciliation is not None and result.reconciliation.clean
         if once:
             sys.exit(4 if result.access_errors else 0 if clean else 3)
