@@ -163,6 +163,11 @@ class Store(TaskBoard, Protocol):
         recipient in 24 hours."""
         ...
 
+    def take_over_send(self, key: str, previous_holder: str, holder: str, now: datetime) -> bool:
+        """Make ``holder`` the sender of an unfinished intent still held by
+        ``previous_holder`` (compare-and-set: of several workers, one wins)."""
+        ...
+
     def complete_send(
         self, key: str, provider_message_id: str, detail: str, now: datetime
     ) -> SendRecord: ...

@@ -26,8 +26,11 @@ from agent.domain.context import Side, WorkspaceContext
 class Decision(StrEnum):
     APPROVED = "approved"
     CHANGES_REQUESTED = "changes_requested"
+    HELD = "held"
+    """The approver said more than an approval (a condition, a question, a hedge, another
+    topic): no approval, and any earlier approval of the same request is suspended."""
     NONE = "none"
-    """Not a decision: the reply neither approves nor asks for changes."""
+    """Not a decision: emoji, vague positivity, silence, or a sender without authority."""
 
 
 class Wording(BaseModel):
@@ -49,6 +52,9 @@ class ApprovalRequest(BaseModel):
     provider_thread_id: str
     approvers: tuple[str, ...]
     sent_at: datetime
+    recipients: tuple[str, ...] = ()
+    """The client-facing recipients the draft was shown to go to: an approval covers a send
+    to these and no one else."""
 
 
 class ApprovalDecision(BaseModel):
@@ -64,6 +70,9 @@ class ApprovalDecision(BaseModel):
     request_message_id: str
     reason: str
     decided_at: datetime
+    replied_at: datetime | None = None
+    """When the approver's reply was written (its received time): decisions count in the
+    order they were made, not in the order they were processed."""
 
     def describe(self) -> str:
         return (
@@ -77,51 +86,78 @@ _BIDI = re.compile("[\u200e\u200f\u202a-\u202e\u2066-\u2069\u061c]")
 
 # -- quoted history, greetings and sign-offs -------------------------------------------------
 
-_QUOTE_HEADERS = (
+# Lines that start quoted history on their own.
+_QUOTE_START = (
     re.compile(r"^\s*on\b.{0,200}\bwrote:\s*$", re.IGNORECASE),
-    re.compile(r"^\s*-{2,}\s*original message\s*-{2,}", re.IGNORECASE),
-    re.compile(r"^\s*-{2,}\s*forwarded message\s*-{2,}", re.IGNORECASE),
-    re.compile(r"^\s*_{8,}\s*$"),
-    re.compile(r"^\s*(?:from|sent|to|subject|date):\s", re.IGNORECASE),
-    re.compile(r"^\s*(?:מאת|נשלח|אל|נושא|תאריך):\s"),
-    re.compile(r"^\s*בתאריך\b.*"),
+    re.compile(r"^\s*-{2,}\s*(?:original|forwarded) message\s*-{2,}", re.IGNORECASE),
+    re.compile(r"^\s*בתאריך\b.*:\s*$"),
     re.compile(r".*(?:כתב|כתבה|כתב/ה)\s*:\s*$"),
 )
+# An Outlook-style header block: a From line followed by more header fields.
+_FROM_FIELD = re.compile(r"^\s*(?:from|מאת)\s*:\s", re.IGNORECASE)
+_OTHER_FIELD = re.compile(
+    r"^\s*(?:sent|date|to|cc|subject|נשלח|תאריך|אל|עותק|נושא)\s*:\s", re.IGNORECASE
+)
+_RULE = re.compile(r"^\s*_{8,}\s*$")
 _SIGNATURE_MARK = re.compile(
     r"^\s*(?:--|sent from my \w+.*|get outlook for \w+.*|נשלח מה-?\s*\S+.*|נשלח מ-?\s*\S+ שלי)\s*$",
     re.IGNORECASE,
 )
 _SIGN_OFF = re.compile(
     r"^\s*(?:thanks|thank you|many thanks|cheers|regards|best|best regards|kind regards|br|"
-    r"תודה|תודה רבה|בברכה|תודה מראש|בתודה|שלך|שלכם)\s*[,.!]?\s*$",
+    r"תודה|תודה רבה|בברכה|תודה מראש|בתודה)\s*[,.!]?\s*$",
     re.IGNORECASE,
 )
 _GREETINGS = r"(?:hi|hello|hey|dear|good morning|morning|היי|הי|שלום|בוקר טוב|אהלן)"
-_GREETING = re.compile(r"^\s*" + _GREETINGS + r"(?:\s+[^\s.!?,:]+){0,2}\s*[,:!]?\s*$", re.I)
+_GREETING = re.compile(r"^\s*" + _GREETINGS + r"(?:\s+[^\s.!?,:]+)?\s*[,:!]?\s*$", re.I)
 _INLINE_GREETING = re.compile(r"^\s*" + _GREETINGS + r"(?:\s+[^\s.!?,:-]+)?\s*[,:!\-–—]\s*", re.I)
-_NAME_LINE = re.compile(r"^[^\W\d_]{2,20}(?: [^\W\d_]{1,20})?$")
 
 
-def new_text(body: str) -> str:
-    """The reply's own words: quoted history (``>`` lines and everything after a quote
-    header), the signature block, a leading greeting and a trailing sign-off removed."""
-    lines: list[str] = []
-    for line in _BIDI.sub("", body).replace("\r\n", "\n").replace("\r", "\n").split("\n"):
-        if _SIGNATURE_MARK.match(line) or any(p.match(line) for p in _QUOTE_HEADERS):
+def _is_quote_start(lines: list[str], index: int) -> bool:
+    line = lines[index]
+    if any(p.match(line) for p in _QUOTE_START):
+        return True
+    following = [ln for ln in lines[index + 1 : index + 5] if ln.strip()]
+    if _FROM_FIELD.match(line):
+        return any(_OTHER_FIELD.match(ln) for ln in following)
+    if _RULE.match(line):
+        return bool(following) and bool(_FROM_FIELD.match(following[0]))
+    return False
+
+
+def own_lines(body: str) -> list[str]:
+    """The reply's own lines: everything before its quoted history, ``>`` lines left out.
+    Greeting, sign-off and signature are still there."""
+    lines = _BIDI.sub("", body).replace("\r\n", "\n").replace("\r", "\n").split("\n")
+    own: list[str] = []
+    for index, line in enumerate(lines):
+        if _is_quote_start(lines, index):
             break
-        if line.lstrip().startswith(">"):
-            continue
-        lines.append(line)
-    kept = [ln.strip() for ln in lines if ln.strip()]
+        if not line.lstrip().startswith(">"):
+            own.append(line)
+    return own
+
+
+def _same_name(line: str, names: tuple[str, ...]) -> bool:
+    folded = " ".join(line.lower().replace(",", " ").split())
+    return bool(folded) and any(folded == " ".join(n.lower().split()) for n in names)
+
+
+def new_text(body: str, signer_names: tuple[str, ...] = ()) -> str:
+    """The reply's core words: its own lines without the signature block, a leading
+    greeting, and trailing sign-off lines or the signer's own name."""
+    kept: list[str] = []
+    for line in own_lines(body):
+        if _SIGNATURE_MARK.match(line):
+            break
+        if line.strip():
+            kept.append(line.strip())
     if kept and _GREETING.match(kept[0]):
         kept = kept[1:]
     elif kept:
         kept[0] = _INLINE_GREETING.sub("", kept[0], count=1)
-    # A sign-off line ends the message; what follows it (a name, a title) is the signature.
-    for index, line in enumerate(kept):
-        if _SIGN_OFF.match(line) and len(kept) - index <= 4:
-            kept = kept[:index]
-            break
+    while kept and (_SIGN_OFF.match(kept[-1]) or _same_name(kept[-1], signer_names)):
+        kept.pop()
     return "\n".join(kept)
 
 
@@ -158,9 +194,8 @@ _APPROVE_HE = (
 _FILLER = (
     r"yes|yep|yeah|ok|okay|sure|sure thing|great|perfect|thanks|thx|thank you|many thanks|"
     r"all good|looks good|looks great|lgtm|nice|cheers|confirmed|hi|hey|hello|"
-    r"(?:thanks|thank you) for [^,.!]{1,40}|"
     r"כן|סבבה|אוקיי|אוקי|ok|בסדר|יופי|מעולה|נהדר|מצוין|תודה|תודה רבה|יאללה|יאלה|קדימה|נראה טוב|"
-    r"אחלה|הכל טוב|הכול טוב|היי|שלום|(?:תודה|תודה רבה) על [^,.!]{1,40}"
+    r"אחלה|הכל טוב|הכול טוב|היי|שלום"
 )
 # What may follow an approval without changing it: a destination, a time, a courtesy.
 _TAIL_EN = (
@@ -223,54 +258,59 @@ def _emoji(ch: str) -> bool:
     return unicodedata.category(ch) == "So" or ord(ch) >= 0x1F000
 
 
-def read_wording(body: str) -> Wording:
-    """What an approver's reply says about the draft, read from its own new text only."""
-    own = new_text(body)
-    text = _normalize(own)
+def read_wording(body: str, signer_names: tuple[str, ...] = ()) -> Wording:
+    """What an approver's reply says about the draft.
+
+    Every word the approver wrote is checked for a change request, a condition, a negation
+    or a hedge (greeting, sign-off and signature included; only quoted history is left out).
+    Then the core text must consist of explicit approvals and courtesies only.
+    ``signer_names`` are the approver's recorded names (a closing name line is theirs).
+    """
+    own = "\n".join(own_lines(body))
+    full = _normalize(own)
+    core = new_text(body, signer_names)
+    text = _normalize(core)
+    if any(_CHANGES.search(line) for line in full.split("\n")):
+        return Wording(
+            decision=Decision.CHANGES_REQUESTED,
+            reason="explicit change request or refusal",
+            new_text=core,
+        )
+    if match := _DISQUALIFY.search(full):
+        return Wording(
+            decision=Decision.HELD,
+            reason=f"not an unconditional approval ({match.group(0).strip()!r})",
+            new_text=core,
+        )
+    odd = [ch for ch in full if _emoji(ch) and ch not in _POSITIVE_EMOJI]
+    if odd:
+        return Wording(
+            decision=Decision.HELD, reason=f"ambiguous emoji {''.join(odd)}", new_text=core
+        )
     if not any(ch.isalpha() for ch in text):
         return Wording(
             decision=Decision.NONE,
             reason="no words: emoji, punctuation or silence never approve",
-            new_text=own,
-        )
-    if any(_CHANGES.search(line) for line in text.split("\n")):
-        return Wording(
-            decision=Decision.CHANGES_REQUESTED,
-            reason="explicit change request or refusal",
-            new_text=own,
-        )
-    if match := _DISQUALIFY.search(text):
-        return Wording(
-            decision=Decision.NONE,
-            reason=f"not an unconditional approval ({match.group(0).strip()!r})",
-            new_text=own,
-        )
-    odd = [ch for ch in text if _emoji(ch) and ch not in _POSITIVE_EMOJI]
-    if odd:
-        return Wording(
-            decision=Decision.NONE, reason=f"ambiguous emoji {''.join(odd)}", new_text=own
+            new_text=core,
         )
     stripped = "".join(ch for ch in text if not _emoji(ch))
-    lines = stripped.split("\n")
-    if len(lines) > 1 and _NAME_LINE.match(lines[-1].strip()):
-        stripped = "\n".join(lines[:-1])  # a closing name is a signature
     fragments = [f.strip() for f in re.split(r"[.,!;:\n()\-–—]+", stripped) if f.strip()]
     approving = [f for f in fragments if _APPROVE.match(f)]
     other = [f for f in fragments if not _APPROVE.match(f) and not _FILLER_RE.match(f)]
     if other:
         return Wording(
-            decision=Decision.NONE,
+            decision=Decision.HELD,
             reason=f"says more than an approval ({other[0]!r})",
-            new_text=own,
+            new_text=core,
         )
     if not approving:
         return Wording(
             decision=Decision.NONE,
             reason="vague positivity is not an explicit approval",
-            new_text=own,
+            new_text=core,
         )
     return Wording(
-        decision=Decision.APPROVED, reason=f"explicit approval {approving[0]!r}", new_text=own
+        decision=Decision.APPROVED, reason=f"explicit approval {approving[0]!r}", new_text=core
     )
 
 
@@ -296,15 +336,14 @@ def approvers(context: WorkspaceContext) -> tuple[str, ...]:
 
 
 def request_answered(
-    requests: tuple[ApprovalRequest, ...], in_reply_to: str | None, references: tuple[str, ...]
+    requests: tuple[ApprovalRequest, ...], in_reply_to: str | None
 ) -> ApprovalRequest | None:
-    """The approval request a reply answers, by exact Message-ID linkage only."""
-    by_id = {r.internet_message_id: r for r in requests}
-    if in_reply_to is not None and in_reply_to in by_id:
-        return by_id[in_reply_to]
-    for ref in reversed(references):
-        if ref in by_id:
-            return by_id[ref]
+    """The approval request a reply answers: the one its In-Reply-To names exactly. A reply
+    to someone else's message in the approval thread (References only) answers that
+    message, not the request."""
+    for request in requests:
+        if in_reply_to is not None and request.internet_message_id == in_reply_to:
+            return request
     return None
 
 
@@ -331,6 +370,7 @@ def judge_reply(
             request_message_id=request.internet_message_id,
             reason=reason,
             decided_at=now,
+            replied_at=received_at,
         )
 
     if not approver_roles(context, sender):
@@ -340,7 +380,13 @@ def judge_reply(
         )
     if received_at < request.sent_at:
         return decided(Decision.NONE, "the reply predates the approval request")
-    wording = read_wording(body)
+    names = tuple(
+        n
+        for c in context.contacts
+        if c.address == sender.strip().lower() and c.name
+        for n in (c.name, c.name.split()[0])
+    )
+    wording = read_wording(body, names)
     return decided(wording.decision, wording.reason)
 
 
@@ -356,23 +402,37 @@ def standing_covers(context: WorkspaceContext, message_class: str | None) -> str
     return None
 
 
+def decisions_on(
+    request: ApprovalRequest, decisions: tuple[ApprovalDecision, ...]
+) -> list[ApprovalDecision]:
+    """The decisions that answer ``request``, in the order the approvers wrote them."""
+    found = [
+        d
+        for d in decisions
+        if d.request_message_id == request.internet_message_id
+        and d.draft_digest == request.draft_digest
+        and d.decision is not Decision.NONE
+    ]
+    return sorted(found, key=lambda d: d.replied_at or d.decided_at)
+
+
 def current_approval(
     requests: tuple[ApprovalRequest, ...],
     decisions: tuple[ApprovalDecision, ...],
     draft_digest: str,
 ) -> ApprovalDecision | None:
-    """The approval in force for this exact draft: the draft must be the one the task's
-    latest approval request carried, and the latest decision answering that request must
-    approve it. An answer to an older request (a superseded draft) is on record only."""
+    """The approval in force for this exact draft, or None.
+
+    The draft must be the one the task's latest approval request carried. Any change
+    request on that request voids it (a new request is needed); otherwise the latest
+    decision, in the order the approvers wrote them, must approve - a later reservation
+    suspends an earlier approval.
+    """
     if not requests or requests[-1].draft_digest != draft_digest:
         return None
-    latest_request = requests[-1].internet_message_id
-    latest: ApprovalDecision | None = None
-    for decision in decisions:
-        if (
-            decision.request_message_id == latest_request
-            and decision.draft_digest == draft_digest
-            and decision.decision is not Decision.NONE
-        ):
-            latest = decision
-    return latest if latest is not None and latest.decision is Decision.APPROVED else None
+    answered = decisions_on(requests[-1], decisions)
+    if any(d.decision is Decision.CHANGES_REQUESTED for d in answered):
+        return None
+    if not answered or answered[-1].decision is not Decision.APPROVED:
+        return None
+    return answered[-1]

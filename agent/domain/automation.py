@@ -13,8 +13,9 @@ from enum import StrEnum
 
 from pydantic import BaseModel, ConfigDict
 
-from agent.domain.context import Side, WorkspaceContext
+from agent.domain.context import ClientSendPolicy, Side, WorkspaceContext
 from agent.domain.envelope import Envelope
+from agent.domain.gates import preflight
 from agent.domain.recipients import build_recipients
 from agent.domain.states import TaskState
 from agent.domain.task import Task
@@ -98,6 +99,10 @@ def reminder_for(
     due = add_business_days(context, since, context.reminder_business_days)
     if now < due:
         return None
+    if (failed := preflight(context, task.mailbox_id)) is not None:
+        return ReminderSkip(
+            task_id=task.task_id, reason=f"licence/grant preflight failed: {failed}"
+        )
     manager = client_manager(context)
     if manager is None:
         return ReminderSkip(
@@ -168,7 +173,6 @@ def ack_for(
     context: WorkspaceContext,
     envelope: Envelope,
     *,
-    occurrence_key: str,
     sender_text: str,
     finishes_this_run: bool,
     routine: bool,
@@ -179,6 +183,10 @@ def ack_for(
     text, once for this exact inbound message (the key)."""
     if not context.receipt_ack:
         return AckRefusal(reason="receipt_ack is off in the workspace context")
+    if context.client_send_policy is ClientSendPolicy.SENDS_DISABLED:
+        return AckRefusal(reason="client_send_policy is sends_disabled: client sends are held")
+    if (failed := preflight(context, envelope.mailbox_id)) is not None:
+        return AckRefusal(reason=f"licence/grant preflight failed: {failed}")
     if finishes_this_run:
         return AckRefusal(reason="the work finishes this run: no acknowledgement needed")
     if not routine:
@@ -191,4 +199,8 @@ def ack_for(
     text = context.communication.ack_text(language, context.language)
     if text is None:
         return AckRefusal(reason=f"the context has no acknowledgement text in {language!r}")
-    return AckPlan(key=f"ack|{occurrence_key}", to=sender.address, language=language, text=text)
+    # One acknowledgement per inbound message, however many of the workspace's mailboxes
+    # received it.
+    ident = envelope.internet_message_id or f"provider:{envelope.provider_message_id}"
+    key = f"ack|{context.workspace_id}|{ident}|{envelope.content_digest[:32]}"
+    return AckPlan(key=key, to=sender.address, language=language, text=text)

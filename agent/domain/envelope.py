@@ -14,6 +14,14 @@ from enum import StrEnum
 
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, field_validator
 
+#: Characters that break a line: none of them belongs in a single-line header value.
+LINE_BREAKS = frozenset("\r\n\v\f\x1c\x1d\x1e\x85\u2028\u2029")
+
+
+def one_line(value: str) -> str:
+    """A header value on one line: every line-breaking character becomes a space."""
+    return "".join(" " if ch in LINE_BREAKS else ch for ch in value)
+
 
 class Address(BaseModel):
     """One mailbox address. The address is compared case-insensitively; the name is display only."""
@@ -27,6 +35,11 @@ class Address(BaseModel):
     @classmethod
     def _normalize(cls, value: str) -> str:
         return value.strip().lower()
+
+    @field_validator("name")
+    @classmethod
+    def _one_line(cls, value: str) -> str:
+        return one_line(value)
 
 
 class OccurrenceScope(StrEnum):
@@ -71,6 +84,9 @@ class Envelope(BaseModel):
     """A delivery report's type (``delivery-status`` for a bounce), from multipart/report."""
     reported_message_id: str | None = None
     """The Message-ID of the message a delivery report is about (exact linkage to it)."""
+    report_failed: bool = False
+    """The delivery report says delivery failed (``Action: failed``), not delayed, relayed,
+    delivered or read."""
     content_digest: str = Field(
         description="sha256 over the message's own content (sender, date, subject, body), "
         "identical for the same message delivered twice"
@@ -88,6 +104,11 @@ class Envelope(BaseModel):
     @classmethod
     def _bounded_ids(cls, value: tuple[str, ...]) -> tuple[str, ...]:
         return tuple(dict.fromkeys(bounded_id(v) for v in value))
+
+    @field_validator("subject")
+    @classmethod
+    def _subject_one_line(cls, value: str) -> str:
+        return one_line(value)
 
     @field_validator("received_at")
     @classmethod

@@ -28,6 +28,11 @@ from agent.domain.recipients import (
 from agent.domain.states import TERMINAL_STATES, TaskState
 from agent.domain.task import Task
 
+#: States in which a standing approval lets a client send go (the draft is ready).
+STANDING_STATES: frozenset[TaskState] = frozenset(
+    {TaskState.DRAFT_READY, TaskState.APPROVED_TO_SEND}
+)
+
 
 class Blocker(StrEnum):
     NO_RECIPIENTS = "no_recipients"
@@ -40,6 +45,7 @@ class Blocker(StrEnum):
     SENDS_DISABLED = "sends_disabled"
     TASK_CLOSED = "task_closed"
     WRONG_WORKSPACE = "wrong_workspace"
+    PREFLIGHT = "preflight"
 
 
 class BlockingReason(BaseModel):
@@ -174,6 +180,14 @@ def evaluate_send(
                 owner=owner,
             )
         )
+    if (failed := preflight(context, task.mailbox_id)) is not None:
+        reasons.append(
+            BlockingReason(
+                blocker=Blocker.PREFLIGHT,
+                detail=f"licence/grant preflight failed: {failed}; nothing is sent",
+                owner=context.escalation_contact or owner,
+            )
+        )
     if task.state in TERMINAL_STATES:
         reasons.append(
             BlockingReason(
@@ -246,9 +260,16 @@ def evaluate_send(
             )
         approved = current_approval(task.approval_requests, task.approval_decisions, draft.digest)
         standing = standing_covers(context, task.message_class)
-        if approved is not None:
+        outside = [
+            r.address
+            for r in plan.everyone
+            if not r.internal
+            and task.approval_requests
+            and r.address not in task.approval_requests[-1].recipients
+        ]
+        if approved is not None and task.state is TaskState.APPROVED_TO_SEND and not outside:
             basis = approved.describe()
-        elif standing is not None:
+        elif standing is not None and task.state in STANDING_STATES:
             basis = standing
         elif task.state is TaskState.CHANGES_REQUESTED:
             reasons.append(
@@ -259,13 +280,26 @@ def evaluate_send(
                     owner=owner,
                 )
             )
+        elif approved is not None and outside:
+            reasons.append(
+                BlockingReason(
+                    blocker=Blocker.APPROVAL_MISSING,
+                    detail="the approval covers a send to "
+                    + ", ".join(task.approval_requests[-1].recipients)
+                    + ", not to "
+                    + ", ".join(outside)
+                    + "; request approval for these recipients",
+                    owner=owner,
+                )
+            )
         else:
             reasons.append(
                 BlockingReason(
                     blocker=Blocker.APPROVAL_MISSING,
-                    detail=f"no approval of draft {draft.draft_id} (digest "
-                    f"{draft.digest[:12]}) from a recorded approver, and no standing approval "
-                    "covers this message class; request internal approval",
+                    detail=f"no approval in force for draft {draft.draft_id} (digest "
+                    f"{draft.digest[:12]}) from a recorded approver (task is {task.state}), "
+                    "and no standing approval covers this message class; request internal "
+                    "approval",
                     owner=owner,
                 )
             )
@@ -276,6 +310,15 @@ def evaluate_send(
         reasons=tuple(reasons),
         approval_basis=basis,
     )
+
+
+def preflight(context: WorkspaceContext, mailbox_id: str) -> str | None:
+    """Licence and grant preflight from the context's ``grants``: None when it passes."""
+    if context.grants.licence != "active":
+        return f"grants.licence is {context.grants.licence!r}, not 'active'"
+    if mailbox_id.lower() not in context.grants.mailboxes:
+        return f"grants.mailboxes does not include {mailbox_id}"
+    return None
 
 
 # -- request closure --------------------------------------------------------------------------

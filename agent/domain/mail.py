@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, field_validator
 
-from agent.domain.envelope import Address, Envelope
+from agent.domain.envelope import Address, Envelope, one_line
 
 
 class ScannedMessage(BaseModel):
@@ -30,6 +30,12 @@ class MessageBody(BaseModel):
 
 class OutgoingMessage(BaseModel):
     model_config = ConfigDict(frozen=True)
+
+    @field_validator("subject")
+    @classmethod
+    def _one_line(cls, value: str) -> str:
+        # A line break in a header would start another header: never sent as such.
+        return one_line(value)
 
     provider_thread_id: str
     in_reply_to: str | None = None

@@ -19,7 +19,7 @@ class NoiseKind(StrEnum):
     AUTOMATED = "automated"
     """RFC 3834 ``Auto-Submitted`` other than ``no`` and ``auto-replied``."""
     DELIVERY_REPORT = "delivery_report"
-    """A delivery status notification or bounce (RFC 3464)."""
+    """A bounce: an RFC 3464 report of failed delivery, or a delivery system's own message."""
     BULK = "bulk"
     """List or bulk mail: ``List-Id`` or ``Precedence: bulk/list/junk``."""
     LOOP = "loop"
@@ -43,9 +43,14 @@ def noise(envelope: Envelope, *, own_addresses: frozenset[str], known_sender: bo
     """What kind of automated mail the message is, or None for a person's message."""
     sender = envelope.sender.address
     local = sender.split("@", 1)[0]
-    if envelope.report_type is not None or local in _DELIVERY_SENDERS:
+    if envelope.report_failed or (envelope.report_type is None and local in _DELIVERY_SENDERS):
         what = envelope.report_type or f"from {sender}"
-        return Noise(kind=NoiseKind.DELIVERY_REPORT, reason=f"delivery report ({what})")
+        return Noise(kind=NoiseKind.DELIVERY_REPORT, reason=f"delivery failure ({what})")
+    if envelope.report_type is not None:
+        return Noise(
+            kind=NoiseKind.AUTOMATED,
+            reason=f"automated report ({envelope.report_type}) that reports no failure",
+        )
     auto = (envelope.auto_submitted or "").strip().lower()
     auto_value = auto.split(";", 1)[0].strip()
     if auto_value == "auto-replied":

@@ -21,7 +21,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from agent.domain.approval import ApprovalDecision, Decision
+from agent.domain.approval import ApprovalDecision, Decision, decisions_on
 from agent.domain.dispositions import TASK_STATE_FOR, Disposition, GateKind, settle
 from agent.domain.errors import TransitionError
 from agent.domain.records import TaskAmendment, TaskUpdate
@@ -32,7 +32,7 @@ from agent.domain.states import (
     after_inbound,
     check_transition,
 )
-from agent.domain.task import ReadinessTier, Task
+from agent.domain.task import Gate, ReadinessTier, Task
 
 
 def readiness(task: Task) -> ReadinessTier:
@@ -64,6 +64,18 @@ def apply_report(
     decided = _approval_target(task, update.approval_decision)
     if decided is TaskState.APPROVED_TO_SEND:
         gates = tuple(g for g in gates if g.kind is not GateKind.INTERNAL_APPROVAL)
+    elif decided is TaskState.WAITING_INTERNAL_APPROVAL and not any(
+        g.kind is GateKind.INTERNAL_APPROVAL for g in gates
+    ):
+        gates = (
+            *gates,
+            Gate(
+                kind=GateKind.INTERNAL_APPROVAL,
+                owner=update.approval_decision.approver if update.approval_decision else "",
+                since=now,
+                reason="an approver's reservation suspended the approval",
+            ),
+        )
     settled = settle(disposition, frozenset(g.kind for g in gates))
     next_action = update.next_action
 
@@ -132,6 +144,8 @@ def apply_report(
         )
     if update.requester is not None and task.requester is None:
         changes["requester"] = update.requester
+    elif update.requester is not None and update.requester == task.requester:
+        changes["requester_loop_closed"] = False  # the requester asked again
     if update.sender_name is not None and not task.sender_name:
         changes["sender_name"] = update.sender_name
     if update.attachment_names:
@@ -149,18 +163,25 @@ def apply_report(
 
 
 def _approval_target(task: Task, decision: ApprovalDecision | None) -> TaskState | None:
-    """The state an approver's decision moves the task to: only a task waiting for approval,
-    and only a decision about the draft its latest approval request carried (an answer to
-    an older request is recorded, and moves nothing)."""
-    if decision is None or task.state is not TaskState.WAITING_INTERNAL_APPROVAL:
+    """The state an approver's decision moves the task to. Only a decision about the draft
+    the task's latest approval request carried moves anything (an answer to an older
+    request is recorded only); the approval in force is then recomputed from every answer
+    to that request in the order the approvers wrote them."""
+    if decision is None or task.state not in {
+        TaskState.WAITING_INTERNAL_APPROVAL,
+        TaskState.APPROVED_TO_SEND,
+    }:
         return None
     latest = task.approval_requests[-1] if task.approval_requests else None
     if latest is None or latest.internet_message_id != decision.request_message_id:
         return None
-    if decision.decision is Decision.APPROVED:
-        return TaskState.APPROVED_TO_SEND
-    if decision.decision is Decision.CHANGES_REQUESTED:
+    answered = decisions_on(latest, (*task.approval_decisions, decision))
+    if any(d.decision is Decision.CHANGES_REQUESTED for d in answered):
         return TaskState.CHANGES_REQUESTED
+    if answered and answered[-1].decision is Decision.APPROVED:
+        return TaskState.APPROVED_TO_SEND
+    if answered:
+        return TaskState.WAITING_INTERNAL_APPROVAL  # a reservation suspends the approval
     return None
 
 

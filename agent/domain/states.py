@@ -69,7 +69,15 @@ TRANSITIONS: dict[TaskState, frozenset[TaskState]] = {
     ),
     S.WAITING_INTERNAL_APPROVAL: frozenset({S.APPROVED_TO_SEND, S.CHANGES_REQUESTED}),
     S.CHANGES_REQUESTED: frozenset({S.EXECUTING, S.DRAFT_READY}),
-    S.APPROVED_TO_SEND: frozenset({S.CLIENT_REPLY_SENT, S.BLOCKED_RETRY_PENDING}),
+    # An approver may withdraw an approval before the send: back to waiting, or changes.
+    S.APPROVED_TO_SEND: frozenset(
+        {
+            S.CLIENT_REPLY_SENT,
+            S.BLOCKED_RETRY_PENDING,
+            S.WAITING_INTERNAL_APPROVAL,
+            S.CHANGES_REQUESTED,
+        }
+    ),
     S.CLIENT_REPLY_SENT: frozenset({S.WAITING_CLIENT, S.TASK_RESOLVED, S.COMPLETED}),
     S.WAITING_CLIENT: frozenset({S.TASK_RESOLVED, S.EXECUTING}),
     S.PARTIALLY_COMPLETED: frozenset({S.EXECUTING, S.DRAFT_READY, S.BLOCKED_RETRY_PENDING}),

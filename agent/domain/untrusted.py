@@ -108,11 +108,11 @@ def text_flags(text: str) -> tuple[str, ...]:
     hidden = sorted({ch for ch in text if ch in INVISIBLE})
     if hidden:
         flags.append("invisible characters " + " ".join(_codepoint(c) for c in hidden))
-    if any(ch in "\r\n" for ch in text):
+    if any(ch in "\r\n\v\f\x1c\x1d\x1e\x85\u2028\u2029" for ch in text):
         flags.append("line breaks inside a single-line field")
     others = sorted(
-        {_codepoint(ch) for ch in text if unicodedata.category(ch) in {"Cc", "Cf"}}
-        - {_codepoint(c) for c in (*controls, *hidden, "\r", "\n")}
+        {_codepoint(ch) for ch in text if unicodedata.category(ch) in {"Cc", "Cf", "Zl", "Zp"}}
+        - {_codepoint(c) for c in (*controls, *hidden, *"\r\n\v\f\x1c\x1d\x1e\x85\u2028\u2029")}
     )
     if others:
         flags.append("control characters " + " ".join(others))
@@ -129,7 +129,9 @@ def shown(text: str) -> str:
     as its code point, so it neither reorders nor hides what follows it."""
     return "".join(
         _codepoint(ch)
-        if ch in BIDI_CONTROLS or ch in INVISIBLE or unicodedata.category(ch) in {"Cc", "Cf"}
+        if ch in BIDI_CONTROLS
+        or ch in INVISIBLE
+        or unicodedata.category(ch) in {"Cc", "Cf", "Zl", "Zp"}
         else ch
         for ch in text
     )

@@ -166,7 +166,10 @@ class MaildirProvider:
         return rfc822.body(await anyio.to_thread.run_sync(read))
 
     async def send(self, message: OutgoingMessage) -> SendResult:
-        mime = _build(message)
+        try:
+            mime = _build(message)
+        except (ValueError, TypeError) as exc:
+            raise ProviderError(f"the message cannot be written as MIME: {exc}") from exc
 
         def write() -> str:
             sent = self._sent(create=True)

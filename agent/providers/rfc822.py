@@ -154,6 +154,33 @@ def _addresses(parsed: Parsed, name: str) -> tuple[Address, ...]:
     return tuple(dict.fromkeys(out))
 
 
+_ADDR_SPEC = re.compile(r"^[^\s@<>()\[\],;:\"\\]+@[^\s@<>()\[\],;:\"\\]+$")
+
+
+def _sender(parsed: Parsed) -> tuple[Address, ...]:
+    """The one sender address, or none when the From header does not name exactly one
+    mailbox unambiguously (mail software would disagree on who sent it)."""
+    values = [
+        " ".join(str(raw).split())
+        for key, raw in parsed.message.raw_items()
+        if key.lower() == "from"
+    ]
+    if not values:
+        return _addresses(parsed, "Sender")
+    try:
+        # The raw value: the parsed header has already dropped what it could not read.
+        pairs = email.utils.getaddresses(values)
+    except Exception:
+        pairs = []
+    mailboxes = [addr for _, addr in pairs if addr]
+    if len(values) == 1 and len(mailboxes) == 1 and _ADDR_SPEC.match(mailboxes[0]):
+        return _addresses(parsed, "From")
+    parsed.notes.append(
+        "From does not name exactly one mailbox unambiguously: the sender is unknown"
+    )
+    return ()
+
+
 def _date(value: str | None) -> datetime | None:
     if not value:
         return None
@@ -215,7 +242,7 @@ def normalize(
     in_reply_to_ids = message_ids(parsed.header("In-Reply-To"))
     in_reply_to = in_reply_to_ids[0] if in_reply_to_ids else None
     references = message_ids(" ".join(parsed.all_headers("References")))
-    senders = _addresses(parsed, "From") or _addresses(parsed, "Sender")
+    senders = _sender(parsed)
     if not senders:
         parsed.notes.append("no readable sender address")
     received_at = received_time(parsed)
@@ -233,7 +260,7 @@ def normalize(
     if auto_submitted is None and _legacy_autoreply(parsed):
         auto_submitted = "auto-replied"
         parsed.notes.append("legacy auto-reply header read as Auto-Submitted: auto-replied")
-    report_type, reported = _delivery_report(parsed.message)
+    report_type, reported, report_failed = _delivery_report(parsed.message)
     return Envelope(
         provider=provider,
         mailbox_id=mailbox_id,
@@ -252,6 +279,7 @@ def normalize(
         attachment_names=names,
         report_type=report_type,
         reported_message_id=reported,
+        report_failed=report_failed,
         auto_submitted=auto_submitted,
         precedence=parsed.header("Precedence"),
         list_id=parsed.header("List-Id"),
@@ -279,12 +307,15 @@ def _legacy_autoreply(parsed: Parsed) -> bool:
     return any(parsed.header(name) for name in ("X-Autoreply", "X-Autorespond"))
 
 
-def _delivery_report(message: Message) -> tuple[str | None, str | None]:
-    """A delivery status report (RFC 3464 ``multipart/report``): its report type and the
-    Message-ID of the message it reports on, read from the returned original's headers."""
+def _delivery_report(message: Message) -> tuple[str | None, str | None, bool]:
+    """A delivery status report (RFC 3464 ``multipart/report``): its report type, the
+    Message-ID of the message it reports on (read from the returned original's headers),
+    and whether it reports a failure (an ``Action: failed`` field)."""
     if message.get_content_type() != "multipart/report":
-        return None, None
+        return None, None, False
     report_type = str(message.get_param("report-type") or "").lower() or "unknown"
+    reported: str | None = None
+    failed = False
     stack: list[tuple[Message, int]] = [(message, 1)]
     while stack:
         part, depth = stack.pop()
@@ -295,13 +326,18 @@ def _delivery_report(message: Message) -> tuple[str | None, str | None]:
             headers = inner[0] if inner else None
         elif ctype == "text/rfc822-headers":
             headers = HeaderParser(policy=compat32).parsestr(_part_text(part))
-        if headers is not None:
+        elif ctype == "message/delivery-status":
+            fields = _children(part) or [HeaderParser(policy=compat32).parsestr(_part_text(part))]
+            failed = failed or any(
+                str(f.get("Action") or "").strip().lower() == "failed" for f in fields
+            )
+            continue
+        if headers is not None and reported is None:
             ids = message_ids(str(headers.get("Message-ID") or ""))
-            if ids:
-                return report_type, ids[0]
+            reported = ids[0] if ids else None
         if depth < MAX_MIME_DEPTH and ctype != "message/rfc822":
             stack.extend((child, depth + 1) for child in _children(part))
-    return report_type, None
+    return report_type, reported, failed and report_type == "delivery-status"
 
 
 def _children(part: Message) -> list[Message]:

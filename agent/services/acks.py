@@ -63,7 +63,6 @@ async def acknowledge(
     context: WorkspaceContext,
     envelope: Envelope,
     task: Task,
-    occurrence_key: str,
     verdict: Triage,
     provider: MailProvider,
     clock: Clock,
@@ -79,7 +78,6 @@ async def acknowledge(
     plan = ack_for(
         context,
         envelope,
-        occurrence_key=occurrence_key,
         sender_text=texts[0],
         finishes_this_run=False,  # intake never finishes the work itself
         routine=_routine(envelope, verdict),

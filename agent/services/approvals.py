@@ -23,12 +23,13 @@ from agent.domain.context import WorkspaceContext
 from agent.domain.dispositions import GateKind
 from agent.domain.envelope import Address, Envelope
 from agent.domain.errors import GateRefused
-from agent.domain.gates import draft_digest
+from agent.domain.gates import draft_digest, preflight
 from agent.domain.mail import OutgoingMessage
 from agent.domain.recipients import build_recipients
 from agent.domain.records import SendIntent, TaskAmendment
 from agent.domain.states import TaskState
 from agent.domain.task import CommunicationState, Gate, MessageRef, NextAction, Task
+from agent.domain.untrusted import flag
 from agent.ports import Clock, MailProvider, Store
 from agent.rendering.render import RenderedMessage
 from agent.rendering.text import visible_text
@@ -38,8 +39,10 @@ from agent.services.workspaces import load_context
 
 
 def _request_text(task: Task, draft: RenderedMessage, to: str) -> str:
+    title = flag(task.title)
+    flags = "".join(f"\n⚠ {f}" for f in (*title.flags, *task.content_flags))
     return (
-        f"Approval needed for task {task.task_id}: {task.title}\n"
+        f"Approval needed for task {task.task_id}: {title.shown}{flags}\n"
         f"The draft below is ready to go to {to}. Reply 'Approved' to approve exactly this "
         "draft, or say what to change. Nothing is sent to the client before that.\n\n"
         f"Subject: {draft.subject}\n\n{draft.text}"
@@ -50,7 +53,8 @@ def _request_html(task: Task, draft: RenderedMessage, to: str) -> str:
     note = (
         '<div dir="ltr" lang="en" style="text-align:left;border-bottom:1px solid #ccc;'
         'padding-bottom:8px;margin-bottom:8px">'
-        f"<p>Approval needed for task {html.escape(task.task_id)}: {html.escape(task.title)}</p>"
+        f"<p>Approval needed for task {html.escape(task.task_id)}: "
+        f"{html.escape(flag(task.title).shown)}</p>"
         f"<p>The draft below is ready to go to {html.escape(to)}. Reply 'Approved' to approve "
         "exactly this draft, or say what to change.</p></div>"
     )
@@ -80,6 +84,14 @@ async def request_approval(
             f"task {task_id} is {task.state}; approval is requested for a task in DRAFT_READY "
             "(transition it there once the draft is ready)"
         )
+    if (failed := preflight(context, task.mailbox_id)) is not None:
+        raise GateRefused(f"licence/grant preflight failed: {failed}; nothing is sent")
+    clients = tuple(dict.fromkeys(a.strip().lower() for a in client_recipients if a.strip()))
+    if not clients:
+        raise GateRefused(
+            "name the client recipients the draft is for: an approval covers a send to "
+            "exactly those recipients"
+        )
     plan = build_recipients(context, to=approvers(context), internal_only=True)
     if not plan.to:
         raise GateRefused(
@@ -88,16 +100,18 @@ async def request_approval(
             + "); record one in the workspace context"
         )
     digest = draft_digest(draft.subject, draft.html, draft.text)
-    key = f"approval|{task_id}|{draft_id}|{digest}"
+    # Each request is its own message (asking again for the same draft after changes were
+    # requested is a new request); a retry of the same call finds the same key.
+    key = f"approval|{task_id}|{len(task.approval_requests) + 1}|{draft_id}|{digest}"
     mid = message_id_for(key, task.mailbox_id)
     to, cc = plan.addresses()
-    shown_to = ", ".join(client_recipients) or "the client"
+    shown_to = ", ".join(clients)
     message = OutgoingMessage(
         provider_thread_id="",
         sender=Address(address=task.mailbox_id),
         to=tuple(Address(address=a) for a in to),
         cc=tuple(Address(address=a) for a in cc),
-        subject=f"Approval needed: {task.title}",
+        subject=f"Approval needed: {flag(task.title).shown}",
         text=_request_text(task, draft, shown_to),
         html=_request_html(task, draft, shown_to),
         internet_message_id=mid,
@@ -122,9 +136,8 @@ async def request_approval(
         provider_thread_id=outcome.result.provider_thread_id if outcome.result else "",
         approvers=to,
         sent_at=outcome.record.sent_at or now,
+        recipients=clients,
     )
-    if any(r.internet_message_id == mid for r in task.approval_requests):
-        return request  # already recorded by an earlier call
     store.amend_task(
         task_id,
         TaskAmendment(
@@ -176,7 +189,7 @@ async def judge_inbound(
 ) -> ApprovalDecision | None:
     """The decision an inbound message carries when it answers one of the task's approval
     requests (exact In-Reply-To/References linkage); None for any other message."""
-    request = request_answered(task.approval_requests, envelope.in_reply_to, envelope.references)
+    request = request_answered(task.approval_requests, envelope.in_reply_to)
     if request is None:
         return None
     verdicts = [

@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime
 
+from agent.domain import gates
 from agent.domain.approval import ApprovalDecision, Decision
 from agent.domain.context import Side, WorkspaceContext
 from agent.domain.dispositions import (
@@ -58,12 +59,8 @@ def has_owner(context: WorkspaceContext) -> bool:
 
 
 def preflight(context: WorkspaceContext, mailbox_id: str) -> str | None:
-    """Licence and grant preflight from the context's ``grants``: None when it passes."""
-    if context.grants.licence != "active":
-        return f"grants.licence is {context.grants.licence!r}, not 'active'"
-    if mailbox_id.lower() not in context.grants.mailboxes:
-        return f"grants.mailboxes does not include {mailbox_id}"
-    return None
+    """Licence and grant preflight (the pure check lives with the gates)."""
+    return gates.preflight(context, mailbox_id)
 
 
 def display_facts(envelope: Envelope) -> tuple[str, tuple[str, ...], tuple[str, ...]]:
@@ -168,7 +165,13 @@ def triage(
     gates: list[Gate] = []
     provisional: dict[str, str] | None = None
     detail = ""
-    requester = sender.address if sender.internal and not sender.flags else None
+    internal = sender.internal and not sender.flags
+    # A new request from a verified internal contact opens the requester loop; the same
+    # requester writing again in the thread reopens it.
+    requester = (
+        sender.address if internal and (task_created or task.requester == sender.address) else None
+    )
+    resume = not task_created
     if found is not None:
         # The signal is there but not clear (list mail from a known contact): a human looks.
         gates.append(Gate(kind=GateKind.ASSIGNMENT, owner=owner, since=now, reason=found.reason))
@@ -199,6 +202,11 @@ def triage(
         )
     elif task_created:
         state, disposition, next_action, gates, detail = _new_work(context, envelope, owner)
+    elif internal and task.state is TaskState.WAITING_CLIENT:
+        # A colleague's note (a reply to a reminder, say) joins the thread; only the client
+        # resumes a task that waits on the client.
+        state, disposition, resume = task.state, Disposition.WAITING_CLIENT, False
+        next_action = None
     else:
         # Seen from this claim's snapshot; the report resumes from the state current then.
         state = after_inbound(task.state)
@@ -272,7 +280,7 @@ def triage(
         shown.model_copy(
             update={
                 "state": target if task_created else None,
-                "resume_on_inbound": not task_created,
+                "resume_on_inbound": resume,
                 "add_gates": tuple(gates),
                 "next_action": next_action,
                 "provisional_basis": provisional,

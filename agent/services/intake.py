@@ -28,7 +28,7 @@ from agent.domain.envelope import (
     compose_key,
     occurrence_key,
 )
-from agent.domain.errors import ClaimLost, OutloopError, ProviderError, StoreError
+from agent.domain.errors import ClaimLost, ProviderError, StoreError
 from agent.domain.execution import ClaimOutcome, ExecutionRecord
 from agent.domain.mail import ScannedMessage
 from agent.domain.records import (
@@ -225,14 +225,14 @@ async def run_cycle(
         except StoreError:
             store.record_dispositions(run_id, race, clock.now())  # keep what was decided
             raise
-        except OutloopError as exc:
-            # One item's failure never stops the others: it stays without an outcome (the
-            # reconciliation says so), its claim is taken over by a later run, and the
-            # station health record names it.
+        except Exception as exc:
+            # One item's failure never stops the others, whatever it is: the item stays
+            # without an outcome (the reconciliation says so), its claim is taken over by a
+            # later run, and the station health record names it.
             store.record_health(
                 f"intake item {plan.ref}", f"{type(exc).__name__}: {exc}", clock.now()
             )
-            result.item_errors.append(f"{plan.ref}: {exc}")
+            result.item_errors.append(f"{plan.ref}: {type(exc).__name__}: {exc}")
             continue
         result.items.append(outcome)
         if outcome.claim is not None and outcome.claim is not ClaimOutcome.CLAIMED:
@@ -348,9 +348,7 @@ async def _handle(
         context, envelope, task, claimed.task_created, preflight_failure, clock.now(), approval
     )
     if verdict.disposition is Disposition.QUEUED and claimed.task_created and approval is None:
-        verdict = await acks.acknowledge(
-            store, context, envelope, task, request.key, verdict, provider, clock
-        )
+        verdict = await acks.acknowledge(store, context, envelope, task, verdict, provider, clock)
     record = store.report(
         ReportRequest(
             key=request.key,

@@ -22,6 +22,8 @@ from agent.ports import Clock, MailProvider, Store
 from agent.services.holder import current_holder, holder_alive
 
 IN_FLIGHT = timedelta(minutes=10)
+_SENDING: set[str] = set()
+"""Keys this process is handing to a provider right now."""
 """How long an unfinished intent is taken to be another worker's send still in progress."""
 
 
@@ -75,16 +77,27 @@ async def send_once(
     if not record.created:
         if record.state is SendState.SENT:
             return SendOutcome(SendStatus.ALREADY_SENT, record)
+        if record.key in _SENDING:
+            return SendOutcome(SendStatus.IN_PROGRESS, record)
+        mine = record.holder == intent.holder  # this worker's earlier attempt, now over
+        if not mine and holder_alive(record.holder) and clock.now() - record.created_at < IN_FLIGHT:
+            return SendOutcome(SendStatus.IN_PROGRESS, record)
+        # The worker that recorded the intent is gone (or took too long): take the intent
+        # over - one worker wins - then read the provider's sent copy before sending.
+        if not store.take_over_send(record.key, record.holder, intent.holder, clock.now()):
+            return SendOutcome(SendStatus.IN_PROGRESS, record)
         copy = await provider.read_back(record.internet_message_id)
         if copy is not None:
             done = store.complete_send(
                 record.key, copy.provider_message_id, "recovered from the sent copy", clock.now()
             )
             return SendOutcome(SendStatus.RECOVERED, done)
-        if holder_alive(record.holder) and clock.now() - record.created_at < IN_FLIGHT:
-            return SendOutcome(SendStatus.IN_PROGRESS, record)
     crashpoints.hit("before_provider_send")
-    result = await provider.send(message)
+    _SENDING.add(intent.key)
+    try:
+        result = await provider.send(message)
+    finally:
+        _SENDING.discard(intent.key)
     crashpoints.hit("after_provider_send")
     done = store.complete_send(
         intent.key,

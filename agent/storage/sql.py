@@ -1157,6 +1157,24 @@ class SqlStore:
 
         return self._write(body, verify)
 
+    def take_over_send(self, key: str, previous_holder: str, holder: str, now: datetime) -> bool:
+        def body(conn: Tx) -> bool:
+            row = conn.execute(
+                "UPDATE sends SET holder = ?, created_at = ? WHERE key = ? AND holder = ?"
+                " AND state = 'intent' RETURNING key",
+                (holder, ts(now), key, previous_holder),
+            ).fetchone()
+            return row is not None
+
+        def verify(conn: Tx) -> Verified[bool]:
+            row = conn.execute(
+                "SELECT 1 FROM sends WHERE key = ? AND holder = ? AND created_at = ?",
+                (key, holder, ts(now)),
+            ).fetchone()
+            return (True,) if row is not None else (False,)
+
+        return self._write(body, verify)
+
     def complete_send(
         self, key: str, provider_message_id: str, detail: str, now: datetime
     ) -> SendRecord:

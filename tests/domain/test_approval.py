@@ -131,7 +131,9 @@ def test_explicit_change_requests_are_recognised(text: str) -> None:
 
 def test_new_text_drops_quoted_history_greeting_and_signature() -> None:
     body = "Hi Noa,\nApproved.\nThanks,\nDana\n\nOn Mon wrote:\n> do not send"
-    assert new_text(body) == "Approved."
+    assert new_text(body, ("Dana",)) == "Approved."
+    # Only the signer's own name closes a reply; any other last line is their words.
+    assert new_text(body) == "Approved.\nThanks,\nDana"
     assert new_text("מאשר\n\u202bבתאריך יום ב׳ מאת יוסי:\u202c\n> לא לשלוח") == "מאשר"
 
 
@@ -183,9 +185,11 @@ def test_a_reply_older_than_the_request_is_not_evidence() -> None:
 
 def test_a_reply_is_matched_to_its_request_by_exact_message_id_only() -> None:
     first, second = _request(mid="<r1@x>"), _request(draft="d2", mid="<r2@x>")
-    assert request_answered((first, second), "<r2@x>", ()) == second
-    assert request_answered((first, second), None, ("<zz@x>", "<r1@x>")) == first
-    assert request_answered((first, second), "<other@x>", ("<also-other@x>",)) is None
+    assert request_answered((first, second), "<r2@x>") == second
+    assert request_answered((first, second), "<r1@x>") == first
+    # A reply to someone else's message in the thread answers that message, not the request.
+    assert request_answered((first, second), "<colleague@x>") is None
+    assert request_answered((first, second), None) is None
 
 
 def test_an_approval_binds_to_the_exact_draft_and_a_later_change_request_revokes_it() -> None:

@@ -22,7 +22,7 @@ from agent.domain.automation import (
     reminder_for,
 )
 from agent.domain.context import WorkspaceContext, parse_context
-from agent.domain.envelope import Envelope, occurrence_key
+from agent.domain.envelope import Envelope
 from agent.domain.states import TaskState
 from agent.domain.task import NextAction, Task
 from agent.testing import make_envelope
@@ -364,7 +364,6 @@ def ack(
     return ack_for(
         context,
         envelope,
-        occurrence_key=occurrence_key(WORKSPACE, envelope),
         sender_text=text,
         finishes_this_run=finishes_this_run,
         routine=routine,
@@ -389,11 +388,22 @@ def test_an_english_message_gets_the_english_acknowledgement_verbatim() -> None:
     assert result.to == CLIENT
 
 
-def test_the_acknowledgement_key_is_the_exact_inbound_occurrence() -> None:
+def test_the_acknowledgement_key_is_the_exact_inbound_message_in_any_of_its_mailboxes() -> None:
     envelope = inbound()
     result = ack(ack_context(), envelope)
     assert isinstance(result, AckPlan)
-    assert result.key == f"ack|{occurrence_key(WORKSPACE, envelope)}"
+    assert envelope.internet_message_id is not None
+    assert result.key.startswith(f"ack|{WORKSPACE}|{envelope.internet_message_id}|")
+    # The same message received by a second mailbox of the workspace: the same key.
+    copy = envelope.model_copy(update={"mailbox_id": "sales@fabrikam.test"})
+    both = ack_context()
+    both = both.model_copy(
+        update={
+            "grants": both.grants.model_copy(update={"mailboxes": (MAILBOX, "sales@fabrikam.test")})
+        }
+    )
+    copy_result = ack(both, copy)
+    assert isinstance(copy_result, AckPlan) and copy_result.key == result.key
     other = make_envelope(mailbox_id=MAILBOX, message_no=2, thread_no=1, sender=CLIENT)
     other_result = ack(ack_context(), other)
     assert isinstance(other_result, AckPlan)

@@ -73,6 +73,7 @@ REQUEST = ApprovalRequest(
     provider_thread_id="t-approval",
     approvers=(APPROVER,),
     sent_at=T0,
+    recipients=(CLIENT,),
 )
 
 
@@ -102,8 +103,43 @@ def test_a_client_send_without_approval_is_pending_and_names_what_is_missing() -
 
 
 def test_an_approval_of_this_exact_draft_makes_the_client_send_ready() -> None:
-    result = evaluate_send(ctx(), task(approval_decisions=(approved(),)), DRAFT, to=[CLIENT])
+    ok = task(approval_decisions=(approved(),), state=TaskState.APPROVED_TO_SEND)
+    result = evaluate_send(ctx(), ok, DRAFT, to=[CLIENT])
     assert result.ready and result.approval_basis is not None and APPROVER in result.approval_basis
+
+
+def test_an_approval_covers_only_the_recipients_the_approver_saw() -> None:
+    ok = task(approval_decisions=(approved(),), state=TaskState.APPROVED_TO_SEND)
+    other_client = parse_context(
+        context_yaml().replace(
+            "contacts:\n",
+            "contacts:\n  - {address: cfo@contoso.test, side: client, verified_by: crm}\n",
+        )
+    )
+    result = evaluate_send(other_client, ok, DRAFT, to=["cfo@contoso.test"])
+    assert not result.ready and {r.blocker for r in result.reasons} == {Blocker.APPROVAL_MISSING}
+    assert "cfo@contoso.test" in result.reasons[0].detail
+    # Internal recipients in Cc need no approval.
+    assert evaluate_send(ctx(), ok, DRAFT, to=[CLIENT], cc=[APPROVER]).ready
+
+
+def test_an_approval_counts_only_while_the_task_is_approved_to_send() -> None:
+    for state in (TaskState.DRAFT_READY, TaskState.WAITING_INTERNAL_APPROVAL):
+        stale = task(approval_decisions=(approved(),), state=state)
+        assert not evaluate_send(ctx(), stale, DRAFT, to=[CLIENT]).ready
+
+
+def test_a_later_change_request_or_reservation_voids_the_approval() -> None:
+    first = approved().model_copy(update={"replied_at": T0})
+    held = first.model_copy(
+        update={"decision": Decision.HELD, "replied_at": T0 + timedelta(minutes=5)}
+    )
+    changes = first.model_copy(
+        update={"decision": Decision.CHANGES_REQUESTED, "replied_at": T0 - timedelta(minutes=5)}
+    )
+    for decisions in ((first, held), (changes, first), (first, changes)):
+        t = task(approval_decisions=decisions, state=TaskState.APPROVED_TO_SEND)
+        assert not evaluate_send(ctx(), t, DRAFT, to=[CLIENT]).ready, decisions
 
 
 def test_an_approval_of_another_draft_does_not_cover_this_one() -> None:
@@ -150,7 +186,8 @@ def test_an_internal_reply_is_ready_without_approval_even_when_client_sends_are_
     )
     internal = evaluate_send(disabled, task(), DRAFT, to=[APPROVER])
     assert internal.ready and internal.communication is Communication.INTERNAL
-    client = evaluate_send(disabled, task(approval_decisions=(approved(),)), DRAFT, to=[CLIENT])
+    ok = task(approval_decisions=(approved(),), state=TaskState.APPROVED_TO_SEND)
+    client = evaluate_send(disabled, ok, DRAFT, to=[CLIENT])
     assert blockers(client) == {Blocker.SENDS_DISABLED}
 
 

@@ -22,6 +22,7 @@ def message(
     precedence: str | None = None,
     list_id: str | None = None,
     report_type: str | None = None,
+    report_failed: bool = False,
 ) -> Envelope:
     envelope = make_envelope(
         mailbox_id=MAILBOX,
@@ -37,6 +38,7 @@ def message(
             "precedence": precedence,
             "list_id": list_id,
             "report_type": report_type,
+            "report_failed": report_failed,
         }
     )
 
@@ -121,12 +123,20 @@ def test_an_unrecognised_precedence_is_not_noise() -> None:
     assert classify(message(precedence="first-class")) is None
 
 
-def test_a_delivery_report_type_is_a_delivery_report() -> None:
-    found = classify(message(report_type="delivery-status"), known_sender=True)
+def test_a_failed_delivery_report_is_a_delivery_report() -> None:
+    found = classify(message(report_type="delivery-status", report_failed=True), known_sender=True)
     assert found is not None
     assert found.kind is NoiseKind.DELIVERY_REPORT
     assert found.clear
     assert "delivery-status" in found.reason
+
+
+@pytest.mark.parametrize("report_type", ["delivery-status", "disposition-notification"])
+def test_a_report_of_no_failure_is_automated_noise_not_a_bounce(report_type: str) -> None:
+    """A delayed or delivered status, or a read receipt, never escalates a task."""
+    found = classify(message(report_type=report_type), known_sender=True)
+    assert found is not None
+    assert found.kind is NoiseKind.AUTOMATED and found.clear
 
 
 @pytest.mark.parametrize(

@@ -198,7 +198,7 @@ async def test_an_html_reply_whose_hidden_part_approves_does_not_approve(world: 
     await world.intake()
     task = world.task(task_id)
     assert task.state is TaskState.WAITING_INTERNAL_APPROVAL
-    assert task.approval_decisions[-1].decision is Decision.NONE
+    assert task.approval_decisions[-1].decision is not Decision.APPROVED
 
 
 async def test_approval_is_requested_only_for_a_ready_draft_and_only_from_recorded_approvers(

@@ -99,6 +99,7 @@ async def test_row_a_bounce_of_a_task_message_joins_its_task_and_is_escalated(
         thread="bounce",
         subject="Undelivered Mail Returned to Sender",
         report_type="delivery-status",
+        report_failed=True,
         reported_message_id=request.internet_message_id,
     )
     item = await _one(world)
@@ -115,6 +116,7 @@ async def test_row_a_bounce_linked_to_nothing_is_noise(make_world: Callable[...,
         sender="mailer-daemon@elsewhere.test",
         thread="bounce",
         report_type="delivery-status",
+        report_failed=True,
         reported_message_id="<never-seen@elsewhere.test>",
     )
     item = await _one(world)
