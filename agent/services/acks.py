@@ -13,7 +13,7 @@ from dataclasses import replace
 from agent.domain.automation import AckPlan, SendKind, ack_for
 from agent.domain.context import WorkspaceContext
 from agent.domain.dispositions import Disposition
-from agent.domain.envelope import Address, Envelope
+from agent.domain.envelope import Envelope
 from agent.domain.errors import ProviderError
 from agent.domain.mail import OutgoingMessage
 from agent.domain.records import SendIntent
@@ -22,7 +22,7 @@ from agent.ports import Clock, MailProvider, Store
 from agent.rendering.render import render_message, reply_subject
 from agent.services.approvals import reply_text
 from agent.services.classify import Triage
-from agent.services.outbound import SendStatus, message_id_for, send_once
+from agent.services.outbound import SendStatus, outgoing, send_once
 
 
 def _routine(envelope: Envelope, verdict: Triage) -> bool:
@@ -34,7 +34,9 @@ def _routine(envelope: Envelope, verdict: Triage) -> bool:
     )
 
 
-def ack_message(context: WorkspaceContext, envelope: Envelope, plan: AckPlan) -> OutgoingMessage:
+def ack_message(
+    context: WorkspaceContext, envelope: Envelope, task_id: str, plan: AckPlan
+) -> tuple[SendIntent, OutgoingMessage]:
     rendered = render_message(
         plan.text,
         subject=reply_subject(envelope.subject),
@@ -43,18 +45,21 @@ def ack_message(context: WorkspaceContext, envelope: Envelope, plan: AckPlan) ->
         greeting="",
         signature="",
     )
-    mid = message_id_for(plan.key, envelope.mailbox_id)
     parent = envelope.internet_message_id
-    return OutgoingMessage(
-        provider_thread_id=envelope.provider_thread_id,
-        in_reply_to=parent,
-        references=(*envelope.references, parent) if parent else envelope.references,
-        sender=Address(address=envelope.mailbox_id),
-        to=(Address(address=plan.to),),
+    return outgoing(
+        key=plan.key,
+        kind=SendKind.ACK,
+        workspace_id=context.workspace_id,
+        task_id=task_id,
+        mailbox_id=envelope.mailbox_id,
+        to=(plan.to,),
         subject=rendered.subject,
         text=rendered.text,
         html=rendered.html,
-        internet_message_id=mid,
+        thread_id=envelope.provider_thread_id,
+        in_reply_to=parent,
+        references=(*envelope.references, parent) if parent else envelope.references,
+        automated=True,
     )
 
 
@@ -84,16 +89,7 @@ async def acknowledge(
     )
     if not isinstance(plan, AckPlan):
         return replace(verdict, detail=_join(verdict.detail, f"no acknowledgement: {plan.reason}"))
-    message = ack_message(context, envelope, plan)
-    intent = SendIntent(
-        key=plan.key,
-        workspace_id=context.workspace_id,
-        kind=SendKind.ACK,
-        task_id=task.task_id,
-        internet_message_id=message.internet_message_id,
-        recipients=(plan.to,),
-        automated=True,
-    )
+    intent, message = ack_message(context, envelope, task.task_id, plan)
     try:
         outcome = await send_once(
             store,

@@ -21,20 +21,19 @@ from agent.domain.approval import (
 from agent.domain.automation import SendKind
 from agent.domain.context import WorkspaceContext
 from agent.domain.dispositions import GateKind
-from agent.domain.envelope import Address, Envelope
+from agent.domain.envelope import Envelope
 from agent.domain.errors import GateRefused
 from agent.domain.gates import draft_digest, preflight
-from agent.domain.mail import OutgoingMessage
 from agent.domain.recipients import build_recipients
-from agent.domain.records import SendIntent, TaskAmendment
+from agent.domain.records import TaskAmendment
 from agent.domain.states import TaskState
-from agent.domain.task import CommunicationState, Gate, MessageRef, NextAction, Task
+from agent.domain.task import CommunicationState, Gate, NextAction, Task
 from agent.domain.untrusted import flag
 from agent.ports import Clock, MailProvider, Store
 from agent.rendering.render import RenderedMessage
 from agent.rendering.text import visible_text
 from agent.services.gate_check import load_task
-from agent.services.outbound import SendStatus, message_id_for, send_once
+from agent.services.outbound import SendStatus, outgoing, send_once, sent_ref
 from agent.services.workspaces import load_context
 
 
@@ -103,28 +102,21 @@ async def request_approval(
     # Each request is its own message (asking again for the same draft after changes were
     # requested is a new request); a retry of the same call finds the same key.
     key = f"approval|{task_id}|{len(task.approval_requests) + 1}|{draft_id}|{digest}"
-    mid = message_id_for(key, task.mailbox_id)
     to, cc = plan.addresses()
     shown_to = ", ".join(clients)
-    message = OutgoingMessage(
-        provider_thread_id="",
-        sender=Address(address=task.mailbox_id),
-        to=tuple(Address(address=a) for a in to),
-        cc=tuple(Address(address=a) for a in cc),
+    intent, message = outgoing(
+        key=key,
+        kind=SendKind.APPROVAL_REQUEST,
+        workspace_id=task.workspace_id,
+        task_id=task_id,
+        mailbox_id=task.mailbox_id,
+        to=to,
+        cc=cc,
         subject=f"Approval needed: {flag(task.title).shown}",
         text=_request_text(task, draft, shown_to),
         html=_request_html(task, draft, shown_to),
-        internet_message_id=mid,
     )
-    intent = SendIntent(
-        key=key,
-        workspace_id=task.workspace_id,
-        kind=SendKind.APPROVAL_REQUEST,
-        task_id=task_id,
-        internet_message_id=mid,
-        recipients=(*to, *cc),
-        automated=False,
-    )
+    mid = intent.internet_message_id
     outcome = await send_once(store, provider, intent, message, clock)
     if outcome.status is SendStatus.IN_PROGRESS:
         raise GateRefused(f"the approval request {key} is being sent by another worker")
@@ -157,13 +149,7 @@ async def request_approval(
             next_action=NextAction(
                 description=f"approve or request changes to draft {draft_id}", owner=", ".join(to)
             ),
-            sent_message=MessageRef(
-                provider_message_id=outcome.record.provider_message_id or mid,
-                internet_message_id=mid,
-                direction="approval_request",
-                received_at=now,
-                sender=task.mailbox_id,
-            ),
+            sent_message=sent_ref(outcome, "approval_request", task.mailbox_id, now),
         ),
         now,
     )

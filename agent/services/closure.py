@@ -12,17 +12,15 @@ from __future__ import annotations
 import hashlib
 
 from agent.domain.automation import SendKind
-from agent.domain.envelope import Address
 from agent.domain.errors import GateRefused
 from agent.domain.gates import DraftFacts, draft_digest, release_guard
-from agent.domain.mail import OutgoingMessage
-from agent.domain.records import SendIntent, TaskAmendment
+from agent.domain.records import TaskAmendment
 from agent.domain.states import TaskState
-from agent.domain.task import CommunicationState, MessageRef, Task
+from agent.domain.task import CommunicationState, Task
 from agent.ports import Clock, MailProvider, Store
 from agent.rendering.render import render_message, reply_subject
 from agent.services.gate_check import check_send, load_task
-from agent.services.outbound import SendOutcome, SendStatus, message_id_for, send_once
+from agent.services.outbound import SendOutcome, SendStatus, outgoing, send_once, sent_ref
 from agent.services.workspaces import load_context
 
 #: States that release the occurrence's work; the requester's loop must be closed first.
@@ -73,28 +71,21 @@ async def reply_to_requester(
         raise GateRefused(f"the status reply to {task.requester} cannot go: {gate.summary()}")
     to, cc = gate.plan.addresses()
     key = f"status|{task_id}|{hashlib.sha256((complete + '|' + remaining).encode()).hexdigest()}"
-    mid = message_id_for(key, task.mailbox_id)
     parent = _last_inbound_from(task, task.requester)
-    message = OutgoingMessage(
-        provider_thread_id=task.provider_thread_id,
-        in_reply_to=parent,
-        references=(parent,) if parent else (),
-        sender=Address(address=task.mailbox_id),
-        to=tuple(Address(address=a) for a in to),
-        cc=tuple(Address(address=a) for a in cc),
+    intent, message = outgoing(
+        key=key,
+        kind=SendKind.INTERNAL_REPLY,
+        workspace_id=task.workspace_id,
+        task_id=task_id,
+        mailbox_id=task.mailbox_id,
+        to=to,
+        cc=cc,
         subject=rendered.subject,
         text=rendered.text,
         html=rendered.html,
-        internet_message_id=mid,
-    )
-    intent = SendIntent(
-        key=key,
-        workspace_id=task.workspace_id,
-        kind=SendKind.INTERNAL_REPLY,
-        task_id=task_id,
-        internet_message_id=mid,
-        recipients=(*to, *cc),
-        automated=False,
+        thread_id=task.provider_thread_id,
+        in_reply_to=parent,
+        references=(parent,) if parent else (),
     )
     outcome = await send_once(store, provider, intent, message, clock)
     if outcome.status is SendStatus.IN_PROGRESS:
@@ -106,13 +97,7 @@ async def reply_to_requester(
             requester_loop_closed=True,
             communication_state=CommunicationState.INTERNAL_UPDATE_SENT,
             remaining_work=remaining,
-            sent_message=MessageRef(
-                provider_message_id=outcome.record.provider_message_id or mid,
-                internet_message_id=mid,
-                direction="internal_reply",
-                received_at=clock.now(),
-                sender=task.mailbox_id,
-            ),
+            sent_message=sent_ref(outcome, "internal_reply", task.mailbox_id, clock.now()),
         ),
         clock.now(),
     )

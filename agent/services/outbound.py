@@ -12,12 +12,14 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 from enum import StrEnum
 
 from agent import crashpoints
+from agent.domain.envelope import Address
 from agent.domain.mail import OutgoingMessage, SendResult
 from agent.domain.records import SendIntent, SendRecord, SendState
+from agent.domain.task import MessageRef
 from agent.ports import Clock, MailProvider, Store
 from agent.services.holder import current_holder, holder_alive
 
@@ -106,3 +108,59 @@ async def send_once(
         clock.now(),
     )
     return SendOutcome(SendStatus.SENT, done, result)
+
+
+def outgoing(
+    *,
+    key: str,
+    kind: str,
+    workspace_id: str,
+    task_id: str | None,
+    mailbox_id: str,
+    to: tuple[str, ...],
+    cc: tuple[str, ...] = (),
+    subject: str,
+    text: str,
+    html: str | None = None,
+    thread_id: str = "",
+    in_reply_to: str | None = None,
+    references: tuple[str, ...] = (),
+    automated: bool = False,
+) -> tuple[SendIntent, OutgoingMessage]:
+    """A message from the workspace's mailbox and its ledger entry, sharing one Message-ID
+    derived from the key. ``thread_id`` empty starts a new thread."""
+    mid = message_id_for(key, mailbox_id)
+    message = OutgoingMessage(
+        provider_thread_id=thread_id,
+        in_reply_to=in_reply_to,
+        references=references,
+        sender=Address(address=mailbox_id),
+        to=tuple(Address(address=a) for a in to),
+        cc=tuple(Address(address=a) for a in cc),
+        subject=subject,
+        text=text,
+        html=html,
+        internet_message_id=mid,
+    )
+    intent = SendIntent(
+        key=key,
+        workspace_id=workspace_id,
+        kind=kind,
+        task_id=task_id,
+        internet_message_id=mid,
+        recipients=(*to, *cc),
+        automated=automated,
+    )
+    return intent, message
+
+
+def sent_ref(outcome: SendOutcome, direction: str, sender: str, at: datetime) -> MessageRef:
+    """The sent message as the task records it (indexed for exact linkage of replies)."""
+    mid = outcome.record.internet_message_id
+    return MessageRef(
+        provider_message_id=outcome.record.provider_message_id or mid,
+        internet_message_id=mid,
+        direction=direction,
+        received_at=at,
+        sender=sender,
+    )

@@ -12,13 +12,10 @@ from collections.abc import Mapping
 
 from agent.domain.automation import ReminderPlan, ReminderSkip, SendKind, reminder_for
 from agent.domain.context import WorkspaceContext
-from agent.domain.envelope import Address
 from agent.domain.errors import ProviderError
-from agent.domain.mail import OutgoingMessage
-from agent.domain.records import SendIntent, TaskAmendment
-from agent.domain.task import MessageRef
+from agent.domain.records import TaskAmendment
 from agent.ports import Clock, MailProvider, Store
-from agent.services.outbound import SendStatus, message_id_for, send_once
+from agent.services.outbound import SendStatus, outgoing, send_once, sent_ref
 
 
 async def send_due(
@@ -56,22 +53,15 @@ async def _send(
     task = store.get_task(plan.task_id)
     if task is None:
         return "the task is gone"
-    mid = message_id_for(plan.key, task.mailbox_id)
-    message = OutgoingMessage(
-        provider_thread_id="",
-        sender=Address(address=task.mailbox_id),
-        to=(Address(address=plan.to),),
+    intent, message = outgoing(
+        key=plan.key,
+        kind=SendKind.REMINDER,
+        workspace_id=context.workspace_id,
+        task_id=task.task_id,
+        mailbox_id=task.mailbox_id,
+        to=(plan.to,),
         subject=plan.subject,
         text=plan.text,
-        internet_message_id=mid,
-    )
-    intent = SendIntent(
-        key=plan.key,
-        workspace_id=context.workspace_id,
-        kind=SendKind.REMINDER,
-        task_id=task.task_id,
-        internet_message_id=mid,
-        recipients=(plan.to,),
         automated=True,
     )
     try:
@@ -91,13 +81,7 @@ async def _send(
             task.task_id,
             TaskAmendment(
                 event=f"reminder sent: {plan.key}",
-                sent_message=MessageRef(
-                    provider_message_id=outcome.record.provider_message_id or mid,
-                    internet_message_id=mid,
-                    direction="reminder",
-                    received_at=clock.now(),
-                    sender=task.mailbox_id,
-                ),
+                sent_message=sent_ref(outcome, "reminder", task.mailbox_id, clock.now()),
             ),
             clock.now(),
         )

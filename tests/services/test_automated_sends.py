@@ -16,7 +16,7 @@ from agent.domain.records import SendState
 from agent.domain.states import TaskState
 from agent.services import workspaces
 from agent.storage.sqlite import SqliteStore
-from agent.testing import FrozenClock, InMemoryProvider
+from agent.testing import InMemoryProvider
 from tests.conftest import context_yaml
 from tests.services.gates_world import APPROVER, CLIENT, MAILBOX, World
 
@@ -33,19 +33,6 @@ communication:
 
 def _ctx(extra: str = "") -> str:
     return context_yaml(extra=extra).replace("receipt_ack: false\n", "")
-
-
-@pytest.fixture
-def make_world(
-    station_store: SqliteStore,
-    data_dir: workspaces.DataDir,
-    clock: FrozenClock,
-    register: Callable[[str], str],
-) -> Callable[..., World]:
-    def _make(text: str) -> World:
-        return World(station_store, data_dir, register(text), clock)
-
-    return _make
 
 
 def _reminders(box: InMemoryProvider) -> list[OutgoingMessage]:

@@ -19,8 +19,7 @@ from agent.domain.records import SendIntent
 from agent.domain.states import TaskState
 from agent.providers import rfc822
 from agent.services import approvals, closure, outbound, workspaces
-from agent.storage.sqlite import SqliteStore
-from agent.testing import FrozenClock, InMemoryProvider
+from agent.testing import InMemoryProvider
 from tests.conftest import context_yaml, run_intake
 from tests.services.gates_world import APPROVER, CLIENT, COLLEAGUE, MAILBOX, World, with_colleague
 
@@ -33,19 +32,6 @@ TWO_APPROVERS = with_colleague(context_yaml()).replace(
     "roles: [approver]}\n",
     1,
 )
-
-
-@pytest.fixture
-def make_world(
-    station_store: SqliteStore,
-    data_dir: workspaces.DataDir,
-    clock: FrozenClock,
-    register: Callable[[str], str],
-) -> Callable[..., World]:
-    def _make(text: str = TWO_APPROVERS) -> World:
-        return World(station_store, data_dir, register(text), clock)
-
-    return _make
 
 
 async def _requested(world: World) -> tuple[str, str]:
@@ -61,7 +47,7 @@ async def _requested(world: World) -> tuple[str, str]:
 async def test_one_approvers_change_request_is_not_overridden_by_anothers_approval(
     make_world: Callable[..., World],
 ) -> None:
-    world = make_world()
+    world = make_world(TWO_APPROVERS)
     task_id, request = await _requested(world)
     world.clock.advance(minutes=1)
     world.deliver(sender=APPROVER, thread="a", text="Please change the price.", in_reply_to=request)
@@ -77,7 +63,7 @@ async def test_one_approvers_change_request_is_not_overridden_by_anothers_approv
 async def test_decisions_count_in_the_order_they_were_written_not_processed(
     make_world: Callable[..., World],
 ) -> None:
-    world = make_world()
+    world = make_world(TWO_APPROVERS)
     task_id, request = await _requested(world)
     early = world.clock.now() + timedelta(minutes=2)
     world.clock.advance(minutes=10)
@@ -96,7 +82,7 @@ async def test_decisions_count_in_the_order_they_were_written_not_processed(
 async def test_a_reservation_after_an_approval_suspends_it(
     make_world: Callable[..., World],
 ) -> None:
-    world = make_world()
+    world = make_world(TWO_APPROVERS)
     task_id, request = await _requested(world)
     world.clock.advance(minutes=1)
     world.deliver(sender=APPROVER, thread="a", text="Approved.", in_reply_to=request)
@@ -114,7 +100,7 @@ async def test_a_reservation_after_an_approval_suspends_it(
 async def test_an_approvers_answer_to_a_colleague_in_the_thread_is_not_an_answer_to_the_request(
     make_world: Callable[..., World],
 ) -> None:
-    world = make_world()
+    world = make_world(TWO_APPROVERS)
     task_id, request = await _requested(world)
     world.clock.advance(minutes=1)
     note = world.deliver(sender=COLLEAGUE, thread="a", text="Drop the discount line first?",
@@ -135,7 +121,7 @@ async def test_an_approvers_answer_to_a_colleague_in_the_thread_is_not_an_answer
 async def test_asking_again_for_the_same_draft_after_changes_sends_a_new_request(
     make_world: Callable[..., World],
 ) -> None:
-    world = make_world()
+    world = make_world(TWO_APPROVERS)
     task_id, request = await _requested(world)
     world.clock.advance(minutes=1)
     world.deliver(sender=APPROVER, thread="a", text="Please fix the date.", in_reply_to=request)

@@ -12,10 +12,8 @@ from agent.domain.dispositions import Disposition, GateKind
 from agent.domain.records import TaskAmendment
 from agent.domain.states import TaskState
 from agent.domain.task import MessageRef
-from agent.services import approvals, workspaces
+from agent.services import approvals
 from agent.services.intake import ItemOutcome
-from agent.storage.sqlite import SqliteStore
-from agent.testing import FrozenClock
 from tests.conftest import context_yaml
 from tests.services.gates_world import (
     APPROVER,
@@ -24,24 +22,9 @@ from tests.services.gates_world import (
     MAILBOX,
     World,
     address,
-    with_colleague,
 )
 
 pytestmark = pytest.mark.anyio
-
-
-@pytest.fixture
-def make_world(
-    station_store: SqliteStore,
-    data_dir: workspaces.DataDir,
-    clock: FrozenClock,
-    register: Callable[[str], str],
-) -> Callable[..., World]:
-    def _make(text: str | None = None) -> World:
-        ws = register(text or with_colleague(context_yaml()))
-        return World(station_store, data_dir, ws, clock)
-
-    return _make
 
 
 async def _one(world: World) -> ItemOutcome:
