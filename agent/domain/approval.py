@@ -21,6 +21,7 @@ from enum import StrEnum
 from pydantic import BaseModel, ConfigDict
 
 from agent.domain.context import Side, WorkspaceContext
+from agent.domain.untrusted import text_flags
 
 
 class Decision(StrEnum):
@@ -86,21 +87,23 @@ _BIDI = re.compile("[\u200e\u200f\u202a-\u202e\u2066-\u2069\u061c]")
 
 # -- quoted history, greetings and sign-offs -------------------------------------------------
 
-# Lines that start quoted history on their own.
-_QUOTE_START = (
+# An attribution line ("On <date>, <name> wrote:") opens quoted history only when quoted
+# lines (">") follow it; it names a date or an address.
+_ATTRIBUTION = (
     re.compile(r"^\s*on\b.{0,200}\bwrote:\s*$", re.IGNORECASE),
-    re.compile(r"^\s*-{2,}\s*(?:original|forwarded) message\s*-{2,}", re.IGNORECASE),
     re.compile(r"^\s*בתאריך\b.*:\s*$"),
-    re.compile(r".*(?:כתב|כתבה|כתב/ה)\s*:\s*$"),
+    re.compile(r".*(?:^|\s)(?:כתב|כתבה|כתב/ה)\s*:\s*$"),
 )
-# An Outlook-style header block: a From line followed by more header fields.
+# Top-posted history (Outlook): everything after one of these is quoted.
+_ORIGINAL = re.compile(r"^\s*-{2,}\s*(?:original|forwarded) message\s*-{2,}", re.IGNORECASE)
 _FROM_FIELD = re.compile(r"^\s*(?:from|מאת)\s*:\s", re.IGNORECASE)
 _OTHER_FIELD = re.compile(
     r"^\s*(?:sent|date|to|cc|subject|נשלח|תאריך|אל|עותק|נושא)\s*:\s", re.IGNORECASE
 )
 _RULE = re.compile(r"^\s*_{8,}\s*$")
 _SIGNATURE_MARK = re.compile(
-    r"^\s*(?:--|sent from my \w+.*|get outlook for \w+.*|נשלח מה-?\s*\S+.*|נשלח מ-?\s*\S+ שלי)\s*$",
+    r"^\s*(?:--|sent from my(?: \w+){1,3}|get outlook for (?:ios|android)|"
+    r"נשלח מה?-?\s*(?:iphone|ipad|android|galaxy|samsung|outlook)(?: \S+){0,2})\s*$",
     re.IGNORECASE,
 )
 _SIGN_OFF = re.compile(
@@ -109,13 +112,26 @@ _SIGN_OFF = re.compile(
     re.IGNORECASE,
 )
 _GREETINGS = r"(?:hi|hello|hey|dear|good morning|morning|היי|הי|שלום|בוקר טוב|אהלן)"
-_GREETING = re.compile(r"^\s*" + _GREETINGS + r"(?:\s+[^\s.!?,:]+)?\s*[,:!]?\s*$", re.I)
-_INLINE_GREETING = re.compile(r"^\s*" + _GREETINGS + r"(?:\s+[^\s.!?,:-]+)?\s*[,:!\-–—]\s*", re.I)
+# A greeting alone, or with a name and then a comma or colon ("Hi Dana," / "היי דני,").
+_GREETING = re.compile(
+    r"^\s*" + _GREETINGS + r"(?:\s*[,:!.]?|\s+(?:[A-Z][\w'-]*|[\u0590-\u05ff]+)\s*[,:])\s*$",
+    re.IGNORECASE,
+)
+_INLINE_GREETING = re.compile(
+    r"^\s*" + _GREETINGS + r"(?:\s+(?:[A-Z][\w'-]*|[\u0590-\u05ff]+))?\s*[,:\-–—]\s*", re.I
+)
 
 
-def _is_quote_start(lines: list[str], index: int) -> bool:
+def _next_text(lines: list[str], index: int) -> str:
+    for line in lines[index + 1 : index + 5]:
+        if line.strip():
+            return line
+    return ""
+
+
+def _top_posted_history(lines: list[str], index: int) -> bool:
     line = lines[index]
-    if any(p.match(line) for p in _QUOTE_START):
+    if _ORIGINAL.match(line):
         return True
     following = [ln for ln in lines[index + 1 : index + 5] if ln.strip()]
     if _FROM_FIELD.match(line):
@@ -126,15 +142,23 @@ def _is_quote_start(lines: list[str], index: int) -> bool:
 
 
 def own_lines(body: str) -> list[str]:
-    """The reply's own lines: everything before its quoted history, ``>`` lines left out.
-    Greeting, sign-off and signature are still there."""
+    """The reply's own lines, with quoted history left out: the quoted lines (``>``) after
+    an attribution line, and everything after a top-posted history block. Answers written
+    below or between quoted lines are kept; greeting, sign-off and signature too."""
     lines = _BIDI.sub("", body).replace("\r\n", "\n").replace("\r", "\n").split("\n")
     own: list[str] = []
+    quoting = False
     for index, line in enumerate(lines):
-        if _is_quote_start(lines, index):
+        if _top_posted_history(lines, index):
             break
-        if not line.lstrip().startswith(">"):
-            own.append(line)
+        if any(p.match(line) for p in _ATTRIBUTION) and _next_text(
+            lines, index
+        ).lstrip().startswith(">"):
+            quoting = True
+            continue
+        if quoting and line.lstrip().startswith(">"):
+            continue
+        own.append(line)
     return own
 
 
@@ -238,10 +262,14 @@ _DISQUALIFY = re.compile(
     r"except|only|maybe|perhaps|probably|would|could|might|should|think|guess|said|says|"
     r"told|yesterday|tomorrow|later|soon|earlier|previous|other|another|last|already|instead|"
     r"yet|right|lol|lmao|"
-    r"jk|kidding|sarcasm|fired)\b"
+    r"jk|kidding|sarcasm|fired|stop|pause|scratch|ignore|disregard|wrong|mistake|oops|sorry|"
+    r"cancel|cancell?ed|retract|retracted|withdraw|withdrawn|mind|hmm+)\b"
+    r"|[:;=]'?-?[()\[\]dpo/\\|*]|\(\s*[!?]+\s*\)|>"  # emoticons, "(!)", unquoted ">"
     r"|/s\b"
     r"|(?:^|[\s.,!;:])(?:ו|ש|כש)?(?:לא|אל|אין|עדיין|רגע|חכה|חכי|חכו|אם|ברגע|אחרי|בתנאי|אבל|רק|אולי|כנראה|"
-    r"אמר|אמרה|אמרו|אתמול|הקודם|הקודמת|אחר|אחרת|כבר|בטח|כאילו|חחח|במקום)(?=[\s.,!;:?]|$)"
+    r"אמר|אמרה|אמרו|אתמול|הקודם|הקודמת|אחר|אחרת|כבר|בטח|כאילו|חחח|במקום|טעות|טעיתי|"
+    r"תתעלמו|תתעלם|התעלמו|להתעלם|בטל|מבוטל|לבטל|סליחה|עצור|עצרי|עצרו|תעצור|תעצרו|רגע)"
+    r"(?=[\s.,!;:?]|$)"
 )
 _POSITIVE_EMOJI = frozenset("👍✅👌🙏😊🙂✔☑🆗💯🚀")
 
@@ -261,27 +289,31 @@ def _emoji(ch: str) -> bool:
 def read_wording(body: str, signer_names: tuple[str, ...] = ()) -> Wording:
     """What an approver's reply says about the draft.
 
-    Every word the approver wrote is checked for a change request, a condition, a negation
-    or a hedge (greeting, sign-off and signature included; only quoted history is left out).
-    Then the core text must consist of explicit approvals and courtesies only.
-    ``signer_names`` are the approver's recorded names (a closing name line is theirs).
+    Every word the approver wrote - greeting, sign-off, P.S. and signature included; only
+    quoted history is left out - is checked for a change request, a condition, a negation,
+    a hedge, a retraction or a suspicious character. Then the core text must consist of
+    explicit approvals and courtesies only. ``signer_names`` are the approver's recorded
+    names (a closing name line is theirs).
     """
     own = "\n".join(own_lines(body))
     full = _normalize(own)
     core = new_text(body, signer_names)
     text = _normalize(core)
-    if any(_CHANGES.search(line) for line in full.split("\n")):
+    flat = " ".join(full.split())
+    if any(_CHANGES.search(line) for line in full.split("\n")) or _CHANGES.search(flat):
         return Wording(
             decision=Decision.CHANGES_REQUESTED,
             reason="explicit change request or refusal",
             new_text=core,
         )
-    if match := _DISQUALIFY.search(full):
+    if match := _DISQUALIFY.search(flat):
         return Wording(
             decision=Decision.HELD,
             reason=f"not an unconditional approval ({match.group(0).strip()!r})",
             new_text=core,
         )
+    if suspicious := [f for f in text_flags(own) if "mixed-script" in f or "invisible" in f]:
+        return Wording(decision=Decision.HELD, reason=suspicious[0], new_text=core)
     odd = [ch for ch in full if _emoji(ch) and ch not in _POSITIVE_EMOJI]
     if odd:
         return Wording(
@@ -312,6 +344,19 @@ def read_wording(body: str, signer_names: tuple[str, ...] = ()) -> Wording:
     return Wording(
         decision=Decision.APPROVED, reason=f"explicit approval {approving[0]!r}", new_text=core
     )
+
+
+#: How parts that disagree combine: the most restrictive reading wins.
+_STRICTNESS = (Decision.CHANGES_REQUESTED, Decision.HELD, Decision.NONE, Decision.APPROVED)
+
+
+def strictest(decisions: list[Decision]) -> Decision:
+    """The reading of a reply whose parts (plain text, HTML) were read separately: it
+    approves only when every part approves."""
+    for decision in _STRICTNESS:
+        if decision in decisions:
+            return decision
+    return Decision.NONE
 
 
 # -- evidence ---------------------------------------------------------------------------------
@@ -383,7 +428,7 @@ def judge_reply(
     names = tuple(
         n
         for c in context.contacts
-        if c.address == sender.strip().lower() and c.name
+        if c.address == sender.strip().lower() and c.name.split()
         for n in (c.name, c.name.split()[0])
     )
     wording = read_wording(body, names)
@@ -424,15 +469,18 @@ def current_approval(
     """The approval in force for this exact draft, or None.
 
     The draft must be the one the task's latest approval request carried. Any change
-    request on that request voids it (a new request is needed); otherwise the latest
-    decision, in the order the approvers wrote them, must approve - a later reservation
-    suspends an earlier approval.
+    request on that request voids it (a new request is needed). Otherwise every approver
+    who answered counts by their latest answer, in the order they wrote them: one approver's
+    reservation is not cleared by another's approval, and at least one must approve.
     """
     if not requests or requests[-1].draft_digest != draft_digest:
         return None
     answered = decisions_on(requests[-1], decisions)
     if any(d.decision is Decision.CHANGES_REQUESTED for d in answered):
         return None
-    if not answered or answered[-1].decision is not Decision.APPROVED:
+    latest: dict[str, ApprovalDecision] = {}
+    for decision in answered:
+        latest[decision.approver] = decision
+    if not latest or any(d.decision is not Decision.APPROVED for d in latest.values()):
         return None
-    return answered[-1]
+    return max(latest.values(), key=lambda d: d.replied_at or d.decided_at)

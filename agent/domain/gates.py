@@ -17,7 +17,13 @@ from pathlib import PurePosixPath
 
 from pydantic import BaseModel, ConfigDict
 
-from agent.domain.approval import current_approval, standing_covers
+from agent.domain.approval import (
+    Decision,
+    approver_roles,
+    current_approval,
+    decisions_on,
+    standing_covers,
+)
 from agent.domain.context import ClientSendPolicy, Side, WorkspaceContext
 from agent.domain.recipients import (
     Communication,
@@ -259,7 +265,11 @@ def evaluate_send(
                 )
             )
         approved = current_approval(task.approval_requests, task.approval_decisions, draft.digest)
+        if approved is not None and not approver_roles(context, approved.approver):
+            approved = None  # authority is read from the live context, at send time too
         standing = standing_covers(context, task.message_class)
+        if standing is not None and _changes_requested_for(task, draft.digest):
+            standing = None  # an approver's change request outranks a standing approval
         outside = [
             r.address
             for r in plan.everyone
@@ -319,6 +329,15 @@ def preflight(context: WorkspaceContext, mailbox_id: str) -> str | None:
     if mailbox_id.lower() not in context.grants.mailboxes:
         return f"grants.mailboxes does not include {mailbox_id}"
     return None
+
+
+def _changes_requested_for(task: Task, digest: str) -> bool:
+    return any(
+        d.decision is Decision.CHANGES_REQUESTED
+        for request in task.approval_requests
+        if request.draft_digest == digest
+        for d in decisions_on(request, task.approval_decisions)
+    )
 
 
 # -- request closure --------------------------------------------------------------------------

@@ -21,7 +21,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from agent.domain.approval import ApprovalDecision, Decision, decisions_on
+from agent.domain.approval import ApprovalDecision, Decision, current_approval, decisions_on
 from agent.domain.dispositions import TASK_STATE_FOR, Disposition, GateKind, settle
 from agent.domain.errors import TransitionError
 from agent.domain.records import TaskAmendment, TaskUpdate
@@ -175,10 +175,11 @@ def _approval_target(task: Task, decision: ApprovalDecision | None) -> TaskState
     latest = task.approval_requests[-1] if task.approval_requests else None
     if latest is None or latest.internet_message_id != decision.request_message_id:
         return None
-    answered = decisions_on(latest, (*task.approval_decisions, decision))
+    decisions = (*task.approval_decisions, decision)
+    answered = decisions_on(latest, decisions)
     if any(d.decision is Decision.CHANGES_REQUESTED for d in answered):
         return TaskState.CHANGES_REQUESTED
-    if answered and answered[-1].decision is Decision.APPROVED:
+    if current_approval(task.approval_requests, decisions, latest.draft_digest) is not None:
         return TaskState.APPROVED_TO_SEND
     if answered:
         return TaskState.WAITING_INTERNAL_APPROVAL  # a reservation suspends the approval

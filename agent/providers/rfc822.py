@@ -157,27 +157,41 @@ def _addresses(parsed: Parsed, name: str) -> tuple[Address, ...]:
 _ADDR_SPEC = re.compile(r"^[^\s@<>()\[\],;:\"\\]+@[^\s@<>()\[\],;:\"\\]+$")
 
 
-def _sender(parsed: Parsed) -> tuple[Address, ...]:
-    """The one sender address, or none when the From header does not name exactly one
-    mailbox unambiguously (mail software would disagree on who sent it)."""
-    values = [
-        " ".join(str(raw).split())
-        for key, raw in parsed.message.raw_items()
-        if key.lower() == "from"
-    ]
-    if not values:
-        return _addresses(parsed, "Sender")
+def _strict_mailbox(raw_values: list[str]) -> str | None:
+    """The one addr-spec the raw header values name, or None when they do not name exactly
+    one plain address (several, an empty one, an encoded word inside the address)."""
     try:
-        # The raw value: the parsed header has already dropped what it could not read.
-        pairs = email.utils.getaddresses(values)
+        pairs = email.utils.getaddresses(raw_values)
     except Exception:
-        pairs = []
-    mailboxes = [addr for _, addr in pairs if addr]
-    if len(values) == 1 and len(mailboxes) == 1 and _ADDR_SPEC.match(mailboxes[0]):
-        return _addresses(parsed, "From")
-    parsed.notes.append(
-        "From does not name exactly one mailbox unambiguously: the sender is unknown"
-    )
+        return None
+    if len(raw_values) != 1 or len(pairs) != 1:
+        return None
+    addr = pairs[0][1]
+    if not addr or "=?" in addr or not _ADDR_SPEC.match(addr):
+        return None
+    return addr.lower()
+
+
+def _sender(parsed: Parsed) -> tuple[Address, ...]:
+    """The one sender address, or none when From (or, without From, Sender) does not name
+    exactly one mailbox unambiguously (mail software would disagree on who sent it)."""
+    for name in ("From", "Sender"):
+        raw = [
+            " ".join(str(value).split())
+            for key, value in parsed.message.raw_items()
+            if key.lower() == name.lower()
+        ]
+        if not raw:
+            continue
+        # The raw value: the parsed header has already dropped what it could not read.
+        strict = _strict_mailbox(raw)
+        decoded = _addresses(parsed, name)
+        if strict is not None and len(decoded) == 1 and decoded[0].address == strict:
+            return decoded
+        parsed.notes.append(
+            f"{name} does not name exactly one mailbox unambiguously: the sender is unknown"
+        )
+        return ()
     return ()
 
 
@@ -333,7 +347,10 @@ def _delivery_report(message: Message) -> tuple[str | None, str | None, bool]:
             )
             continue
         if headers is not None and reported is None:
-            ids = message_ids(str(headers.get("Message-ID") or ""))
+            try:
+                ids = message_ids(str(headers.get("Message-ID") or ""))
+            except Exception:  # the returned original's header is beyond repair
+                ids = ()
             reported = ids[0] if ids else None
         if depth < MAX_MIME_DEPTH and ctype != "message/rfc822":
             stack.extend((child, depth + 1) for child in _children(part))

@@ -1,8 +1,10 @@
 """The text a person sees in an inbound HTML body (for reading a reply's own words).
 
-Comments, scripts, styles and elements hidden by markup (``hidden``, ``display:none``,
-``visibility:hidden``, zero font size or opacity) are left out: text nobody sees is not
-what the sender said.
+Whitespace is collapsed the way a browser does and blocks become lines. Comments, scripts
+and styles are left out, and so is quoted history that mail clients mark as such (Gmail's
+``gmail_quote``, ``blockquote type="cite"``). ``html_risk`` says when markup could make what
+a person sees differ from the text (hidden or struck-through elements, generated content,
+form fields): a reader of approvals then does not trust the HTML part.
 """
 
 from __future__ import annotations
@@ -11,24 +13,42 @@ import re
 
 from selectolax.lexbor import LexborHTMLParser
 
-_HIDDEN_STYLE = re.compile(
-    r"display\s*:\s*none|visibility\s*:\s*hidden|font-size\s*:\s*0(?![.\d]*[1-9])|"
-    r"opacity\s*:\s*0(?![.\d]*[1-9])|max-height\s*:\s*0(?![.\d]*[1-9])",
+_HIDING_STYLE = re.compile(
+    r"display\s*:\s*none|visibility\s*:|font-size\s*:\s*0|opacity\s*:|max-height\s*:|"
+    r"height\s*:\s*0|line-through|clip|position\s*:|text-indent\s*:\s*-|"
+    r"(?<![-\w])color\s*:\s*(?:#fff\b|#ffffff|white|transparent|rgba?\(\s*255\s*,\s*255\s*,\s*255)|"
+    r"content\s*:",
     re.IGNORECASE,
 )
+_RISKY_ELEMENTS = "del, s, strike, input, textarea, select, noscript, template, svg, object"
 _BLOCKS = "p, div, br, li, tr, h1, h2, h3, h4, h5, h6, blockquote, pre, table"
+_QUOTES = "blockquote.gmail_quote, blockquote[type=cite], div.gmail_quote"
+
+
+def html_risk(html: str) -> str | None:
+    """Why the visible text of this HTML might differ from its text, or None."""
+    tree = LexborHTMLParser(html)
+    if tree.css_first(_RISKY_ELEMENTS) is not None:
+        return "struck-through, hidden or form content"
+    for node in tree.css("[hidden], [style]"):
+        if "hidden" in node.attributes or _HIDING_STYLE.search(node.attributes.get("style") or ""):
+            return "styles that hide, move, recolour or strike text"
+    for node in tree.css("style"):
+        if _HIDING_STYLE.search(node.text() or ""):
+            return "a style sheet that hides, moves, recolours or generates text"
+    return None
 
 
 def visible_text(html: str) -> str:
-    tree = LexborHTMLParser(html)
+    tree = LexborHTMLParser(re.sub(r"\s+", " ", html))  # as a browser collapses whitespace
     for node in tree.css("script, style, head, template, noscript"):
         node.decompose()
+    for node in tree.css(_QUOTES):
+        node.decompose()  # quoted history, as the mail client marked it
     for node in tree.css("[hidden], [style]"):
         style = node.attributes.get("style") or ""
-        if "hidden" in node.attributes or _HIDDEN_STYLE.search(style):
+        if "hidden" in node.attributes or re.search(r"display\s*:\s*none", style, re.I):
             node.decompose()
-    for node in tree.css("blockquote"):
-        node.decompose()  # quoted history
     for node in tree.css(_BLOCKS):
         node.insert_after("\n")
     root = tree.body or tree.root

@@ -17,6 +17,7 @@ from agent.domain.approval import (
     approvers,
     judge_reply,
     request_answered,
+    strictest,
 )
 from agent.domain.automation import SendKind
 from agent.domain.context import WorkspaceContext
@@ -31,7 +32,7 @@ from agent.domain.task import CommunicationState, Gate, NextAction, Task
 from agent.domain.untrusted import flag
 from agent.ports import Clock, MailProvider, Store
 from agent.rendering.render import RenderedMessage
-from agent.rendering.text import visible_text
+from agent.rendering.text import html_risk, visible_text
 from agent.services.gate_check import load_task
 from agent.services.outbound import SendStatus, outgoing, send_once, sent_ref
 from agent.services.workspaces import load_context
@@ -156,14 +157,32 @@ async def request_approval(
     return request
 
 
-async def reply_text(provider: MailProvider, body_ref: str) -> tuple[str, ...]:
-    """The reply's words as the sender wrote them: the plain-text part and the visible text
-    of the HTML part (each judged; both must agree)."""
+async def reply_parts(provider: MailProvider, body_ref: str) -> tuple[tuple[str, ...], str | None]:
+    """The reply's words as the sender wrote them - the plain-text part and the visible text
+    of the HTML part - and why the HTML cannot be read safely (None when it can)."""
     body = await provider.fetch_body(body_ref)
     texts = [body.text] if body.text.strip() else []
+    risk: str | None = None
     if body.html:
+        risk = html_risk(body.html)
         texts.append(visible_text(body.html))
-    return tuple(texts) or ("",)
+    return tuple(texts) or ("",), risk
+
+
+async def reply_text(provider: MailProvider, body_ref: str) -> tuple[str, ...]:
+    """The reply's words: the plain-text part and the visible text of the HTML part."""
+    texts, _ = await reply_parts(provider, body_ref)
+    return texts
+
+
+def _in_approval_thread(task: Task, envelope: Envelope) -> bool:
+    """The message answers something in one of the task's approval threads: a request, or a
+    reply to one."""
+    thread = {r.internet_message_id for r in task.approval_requests} | {
+        d.evidence_message_id for d in task.approval_decisions
+    }
+    linked = {*envelope.references, *((envelope.in_reply_to,) if envelope.in_reply_to else ())}
+    return bool(thread & linked)
 
 
 async def judge_inbound(
@@ -173,11 +192,20 @@ async def judge_inbound(
     provider: MailProvider,
     clock: Clock,
 ) -> ApprovalDecision | None:
-    """The decision an inbound message carries when it answers one of the task's approval
-    requests (exact In-Reply-To/References linkage); None for any other message."""
+    """The decision an inbound message carries about the task's approval; None when it is
+    not part of an approval thread.
+
+    Only a reply whose In-Reply-To is the request itself can approve. Any other message of
+    an approval thread can still withdraw or suspend the approval (a change request or a
+    reservation counts; an approval there does not), so a retraction never fails open.
+    """
     request = request_answered(task.approval_requests, envelope.in_reply_to)
+    exact = request is not None
     if request is None:
-        return None
+        if not task.approval_requests or not _in_approval_thread(task, envelope):
+            return None
+        request = task.approval_requests[-1]
+    texts, risk = await reply_parts(provider, envelope.body_ref)
     verdicts = [
         judge_reply(
             context,
@@ -188,16 +216,13 @@ async def judge_inbound(
             body=text,
             now=clock.now(),
         )
-        for text in await reply_text(provider, envelope.body_ref)
+        for text in texts
     ]
-    decisions = {v.decision for v in verdicts}
-    if len(decisions) == 1:
-        return verdicts[0]
-    # The text and HTML parts say different things: neither counts.
-    return verdicts[0].model_copy(
-        update={
-            "decision": Decision.NONE,
-            "reason": "the plain-text and HTML parts of the reply disagree: "
-            + "; ".join(v.reason for v in verdicts),
-        }
-    )
+    decision = strictest([v.decision for v in verdicts])
+    reasons = "; ".join(dict.fromkeys(v.reason for v in verdicts))
+    if risk is not None and decision is Decision.APPROVED:
+        decision, reasons = Decision.HELD, f"the HTML part cannot be read safely: {risk}"
+    if not exact and decision is Decision.APPROVED:
+        decision = Decision.NONE
+        reasons = "an approval counts only as a direct reply to the approval request"
+    return verdicts[0].model_copy(update={"decision": decision, "reason": reasons})

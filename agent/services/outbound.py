@@ -76,13 +76,29 @@ async def send_once(
     record = store.begin_send(intent, clock.now(), cap)
     if record.state is SendState.REFUSED:
         return SendOutcome(SendStatus.REFUSED, record)
+    if record.state is SendState.SENT:
+        return SendOutcome(SendStatus.ALREADY_SENT, record)
+    if record.key in _SENDING:
+        return SendOutcome(SendStatus.IN_PROGRESS, record)
+    _SENDING.add(record.key)  # no await since the check: this task owns the key here
+    try:
+        return await _send(store, provider, intent, message, record, clock)
+    finally:
+        _SENDING.discard(record.key)
+
+
+async def _send(
+    store: Store,
+    provider: MailProvider,
+    intent: SendIntent,
+    message: OutgoingMessage,
+    record: SendRecord,
+    clock: Clock,
+) -> SendOutcome:
     if not record.created:
-        if record.state is SendState.SENT:
-            return SendOutcome(SendStatus.ALREADY_SENT, record)
-        if record.key in _SENDING:
-            return SendOutcome(SendStatus.IN_PROGRESS, record)
         mine = record.holder == intent.holder  # this worker's earlier attempt, now over
-        if not mine and holder_alive(record.holder) and clock.now() - record.created_at < IN_FLIGHT:
+        young = clock.now() - record.created_at < IN_FLIGHT
+        if not mine and holder_alive(record.holder) and young:
             return SendOutcome(SendStatus.IN_PROGRESS, record)
         # The worker that recorded the intent is gone (or took too long): take the intent
         # over - one worker wins - then read the provider's sent copy before sending.
@@ -95,11 +111,7 @@ async def send_once(
             )
             return SendOutcome(SendStatus.RECOVERED, done)
     crashpoints.hit("before_provider_send")
-    _SENDING.add(intent.key)
-    try:
-        result = await provider.send(message)
-    finally:
-        _SENDING.discard(intent.key)
+    result = await provider.send(message)
     crashpoints.hit("after_provider_send")
     done = store.complete_send(
         intent.key,

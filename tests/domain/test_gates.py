@@ -310,3 +310,16 @@ def test_recording_the_same_approval_request_twice_keeps_one() -> None:
     once = apply_amendment(task(approval_requests=()), amendment, T0)
     twice = apply_amendment(once, amendment, T0)
     assert once.approval_requests == twice.approval_requests == (REQUEST,)
+
+
+def test_an_approvers_change_request_outranks_a_standing_approval() -> None:
+    standing = (
+        "approval: {roles: [approver], standing: "
+        "[{scope: message_class, class: delivery_confirmation, granted_by: noa}]}\n"
+    )
+    context = parse_context(
+        context_yaml().replace("approval: {roles: [approver], standing: []}\n", standing)
+    )
+    changes = approved().model_copy(update={"decision": Decision.CHANGES_REQUESTED})
+    kept_as_is = task(message_class="delivery_confirmation", approval_decisions=(changes,))
+    assert not evaluate_send(context, kept_as_is, DRAFT, to=[CLIENT]).ready

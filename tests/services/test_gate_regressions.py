@@ -8,9 +8,11 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import anyio
+import anyio.lowlevel
 import pytest
 
-from agent.domain.approval import Decision, read_wording
+from agent.domain.approval import ApprovalRequest, Decision, judge_reply, read_wording
+from agent.domain.context import parse_context
 from agent.domain.dispositions import Disposition
 from agent.domain.envelope import Address, Envelope
 from agent.domain.errors import GateRefused
@@ -366,3 +368,233 @@ def test_an_ambiguous_from_header_gives_no_sender_at_all(sender: str) -> None:
     )
     assert envelope.sender.address == "unknown-sender@invalid"
     assert any("exactly one mailbox" in n for n in envelope.normalization_notes)
+
+
+# -- a second review ---------------------------------------------------------------------
+
+
+async def _approved(world: World) -> tuple[str, str, str]:
+    task_id, request = await _requested(world)
+    world.clock.advance(minutes=1)
+    approval = world.deliver(sender=APPROVER, thread="a", text="Approved.", in_reply_to=request)
+    await world.intake()
+    assert world.task(task_id).state is TaskState.APPROVED_TO_SEND
+    assert approval.internet_message_id is not None
+    return task_id, request, approval.internet_message_id
+
+
+def _ready(world: World, task_id: str) -> bool:
+    task = world.task(task_id)
+    return world.gate(task, world.render(task), (CLIENT,)).ready
+
+
+async def test_a_withdrawal_replying_to_the_approvers_own_approval_suspends_it(
+    make_world: Callable[..., World],
+) -> None:
+    world = make_world(TWO_APPROVERS)
+    task_id, request, approval = await _approved(world)
+    world.clock.advance(minutes=1)
+    world.deliver(sender=APPROVER, thread="a", text="Wait - don't send! The price is wrong.",
+                  in_reply_to=approval, references=(request, approval))  # fmt: skip
+    await world.intake()
+    assert world.task(task_id).state is TaskState.CHANGES_REQUESTED
+    assert not _ready(world, task_id)
+
+
+async def test_a_bottom_posted_withdrawal_is_read_below_the_quote(
+    make_world: Callable[..., World],
+) -> None:
+    world = make_world(TWO_APPROVERS)
+    task_id, request, _ = await _approved(world)
+    world.clock.advance(minutes=1)
+    text = (
+        "On Mon, 30 Nov 2026 at 10:00, Noa Bar <noa.bar@fabrikam.test> wrote:\n"
+        "> Approved.\n\nDon't send, the price is wrong."
+    )
+    world.deliver(sender=APPROVER, thread="a", text=text, in_reply_to=request)
+    await world.intake()
+    assert not _ready(world, task_id)
+
+
+async def test_parts_that_disagree_are_read_most_strictly(
+    make_world: Callable[..., World],
+) -> None:
+    world = make_world(TWO_APPROVERS)
+    task_id, request, _ = await _approved(world)
+    world.clock.advance(minutes=1)
+    world.deliver(
+        sender=APPROVER,
+        thread="a",
+        text="Approved, so do\nnot send it yet.",
+        html="<p class=MsoNormal>Approved, so do\nnot send it yet.</p>",
+        in_reply_to=request,
+    )
+    await world.intake()
+    assert not _ready(world, task_id)
+
+
+async def test_an_approval_in_struck_or_hidden_html_does_not_approve(
+    make_world: Callable[..., World],
+) -> None:
+    world = make_world(TWO_APPROVERS)
+    task_id, request = await _requested(world)
+    world.clock.advance(minutes=1)
+    world.deliver(sender=APPROVER, thread="a", text="", html="<p><del>Approved</del></p>",
+                  in_reply_to=request)  # fmt: skip
+    await world.intake()
+    assert world.task(task_id).state is TaskState.WAITING_INTERNAL_APPROVAL
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "Approved.\nOn second thought, don't send until you see what Dana wrote:\nthe price is wrong",
+        "מאושר\nהערה לגבי המכתב:\nלא לשלוח לפני יום ראשון",
+        "מאשר\nבתאריך שכתוב בטיוטה יש טעות, הנה התיקון:",
+        "Approved\n--\nActually scratch that, wrong draft. Ignore.",
+        "Approved\n--\nD\u043en't send",
+        "Approved\nSent from my phone, wrong draft - ignore",
+        "Approved\nGet Outlook for iOS - scratch that, wrong thread",
+        "מאשר\nנשלח מהר מדי, תתעלמו. טעות",
+        "Hey stop!\nApproved",
+        "Approved\n>50% discount must be removed first",
+        "Approved ;)",
+        "Approved :(",
+        "Approved (!)",
+    ],
+)
+def test_more_words_around_an_approval_are_read(text: str) -> None:
+    assert read_wording(text, ("Noa Bar", "Noa")).decision is not Decision.APPROVED
+
+
+async def test_an_approver_removed_from_the_context_no_longer_approves_at_send_time(
+    make_world: Callable[..., World], tmp_path: Path
+) -> None:
+    world = make_world(TWO_APPROVERS)
+    task_id, _, _ = await _approved(world)
+    assert _ready(world, task_id)
+    source = tmp_path / "demoted.yaml"
+    source.write_text(
+        TWO_APPROVERS.replace("roles: [approver, client_manager]", "roles: [client_manager]"),
+        encoding="utf-8",
+    )
+    workspaces.update_workspace(world.store, world.data_dir, source, world.clock.now())
+    assert not _ready(world, task_id)
+
+
+async def test_one_approvers_reservation_is_not_cleared_by_anothers_approval(
+    make_world: Callable[..., World],
+) -> None:
+    world = make_world(TWO_APPROVERS)
+    task_id, request = await _requested(world)
+    world.clock.advance(minutes=1)
+    world.deliver(sender=SECOND_APPROVER, thread="a", text="Hmm, let me think about it.",
+                  in_reply_to=request)  # fmt: skip
+    await world.intake()
+    world.clock.advance(minutes=1)
+    world.deliver(sender=APPROVER, thread="a", text="Approved.", in_reply_to=request)
+    await world.intake()
+    assert world.task(task_id).state is TaskState.WAITING_INTERNAL_APPROVAL
+    assert not _ready(world, task_id)
+
+
+class SlowReadBack(InMemoryProvider):
+    async def read_back(self, internet_message_id: str) -> object:  # type: ignore[override]
+        await anyio.lowlevel.checkpoint()  # yields, as a network read would
+        return await super().read_back(internet_message_id)
+
+
+async def test_two_coroutines_of_one_worker_never_send_one_intent_twice(
+    make_world: Callable[..., World],
+) -> None:
+    world = make_world(context_yaml())
+    world.box = SlowReadBack(MAILBOX)
+    intent = SendIntent(
+        key="reminder|mine",
+        workspace_id=world.workspace_id,
+        kind="reminder",
+        task_id=None,
+        internet_message_id="<mine@fabrikam.test>",
+        recipients=(APPROVER,),
+        automated=False,
+    )
+    message = OutgoingMessage(
+        provider_thread_id="",
+        sender=Address(address=MAILBOX),
+        to=(Address(address=APPROVER),),
+        subject="Reminder",
+        text="x",
+        internet_message_id="<mine@fabrikam.test>",
+    )
+    mine = intent.model_copy(update={"holder": outbound.current_holder()})
+    world.store.begin_send(mine, world.clock.now() - timedelta(minutes=1))  # an earlier attempt
+
+    async def worker() -> None:
+        await outbound.send_once(world.store, world.box, intent, message, world.clock)
+
+    async with anyio.create_task_group() as group:
+        for _ in range(3):
+            group.start_soon(worker)
+    assert len(world.box.sent) == 1
+
+
+@pytest.mark.parametrize(
+    "sender", ["noa@=?utf-8?q?ours=2Ecom?=", "=?utf-8?q?noa?=@ours.com", "noa@ours.com <>", "<@>"]
+)
+def test_an_encoded_or_empty_address_gives_no_sender(sender: str) -> None:
+    raw = f"From: {sender}\r\nTo: {MAILBOX}\r\nSubject: x\r\nMessage-ID: <a@b>\r\n\r\nx\r\n"
+    envelope = rfc822.normalize(
+        raw.encode(),
+        provider="maildir",
+        mailbox_id=MAILBOX,
+        provider_message_id="p",
+        thread_id_for=lambda *_: "t",
+        fallback_received_at=datetime.now(UTC),
+    )
+    assert envelope.sender.address == "unknown-sender@invalid"
+
+
+@pytest.mark.parametrize("mid", ["<", "<@", "<a@", "<[>", "<a@["])
+def test_a_bounce_whose_original_has_a_broken_message_id_still_normalizes(mid: str) -> None:
+    raw = (
+        "From: MAILER-DAEMON@mx.test\r\nTo: support@fabrikam.test\r\nSubject: failure\r\n"
+        "Message-ID: <dsn@mx.test>\r\nMIME-Version: 1.0\r\n"
+        'Content-Type: multipart/report; report-type=delivery-status; boundary="b"\r\n\r\n'
+        "--b\r\nContent-Type: text/plain\r\n\r\nfailed\r\n"
+        "--b\r\nContent-Type: message/delivery-status\r\n\r\n"
+        "Reporting-MTA: dns; mx.test\r\n\r\nFinal-Recipient: rfc822; x@y.test\r\n"
+        "Action: failed\r\nStatus: 5.1.1\r\n\r\n"
+        f"--b\r\nContent-Type: message/rfc822\r\n\r\nMessage-ID: {mid}\r\nSubject: hi\r\n\r\nbody\r\n"
+        "--b--\r\n"
+    )
+    envelope = rfc822.normalize(
+        raw.encode(),
+        provider="maildir",
+        mailbox_id=MAILBOX,
+        provider_message_id="p",
+        thread_id_for=lambda *_: "t",
+        fallback_received_at=datetime.now(UTC),
+    )
+    assert envelope.report_failed and envelope.report_type == "delivery-status"
+
+
+def test_an_approver_with_a_blank_recorded_name_is_still_judged() -> None:
+    context = parse_context(context_yaml().replace("name: Noa Bar", "name: ' '"))
+    request = ApprovalRequest(
+        draft_id="d1",
+        draft_digest="a" * 64,
+        internet_message_id="<r@x>",
+        provider_thread_id="t",
+        approvers=(APPROVER,),
+        sent_at=datetime(2026, 1, 1, tzinfo=UTC),
+    )
+    decision = judge_reply(
+        context,
+        request,
+        sender=APPROVER,
+        message_id="<m@x>",
+        received_at=datetime(2026, 1, 2, tzinfo=UTC),
+        body="Don't send.",
+        now=datetime(2026, 1, 2, tzinfo=UTC),
+    )
+    assert decision.decision is Decision.CHANGES_REQUESTED
