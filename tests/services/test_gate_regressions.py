@@ -1,5 +1,5 @@
-"""Regressions from a critical review of the gates: each test is a way the rules were once
-wrong, written as the behaviour they must keep."""
+"""Gate regressions: each test is a way the rules were once wrong, written as the behaviour
+they must keep."""
 
 from __future__ import annotations
 
@@ -370,7 +370,7 @@ def test_an_ambiguous_from_header_gives_no_sender_at_all(sender: str) -> None:
     assert any("exactly one mailbox" in n for n in envelope.normalization_notes)
 
 
-# -- a second review ---------------------------------------------------------------------
+# -- withdrawals, reading HTML and headers, concurrency ---------------------------------
 
 
 async def _approved(world: World) -> tuple[str, str, str]:
