@@ -477,5 +477,45 @@ def bench_render(seconds: float, as_json: bool) -> None:
         click.echo(f"{key:>16}  {value}")
 
 
+# -- fixtures ------------------------------------------------------------------------------
+
+
+@main.group()
+def fixtures() -> None:
+    """The local mock providers (Gmail API, OAuth, the admin API) that tests and demos use."""
+
+
+@fixtures.command("serve")
+@click.option(
+    "--port",
+    type=click.IntRange(0, 65535),
+    default=0,
+    show_default=True,
+    help="Loopback port to serve on (0: a free port).",
+)
+@click.option(
+    "--state-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="Keep the mock tenant here across restarts (default: in memory only).",
+)
+def fixtures_serve(port: int, state_dir: Path | None) -> None:
+    """Serve every mock surface on 127.0.0.1 until stopped. Prints one JSON line with the
+    base URL once it accepts connections."""
+    # Imported here: only this command needs the web server (and the CLI is the only part
+    # of the product that runs the fixtures).
+    from fixtures import serve  # noqa: PLC0415
+
+    try:
+        sock = serve.listening_socket("127.0.0.1", port)
+    except OSError as exc:
+        click.echo(f"cannot listen on 127.0.0.1:{port}: {exc}", err=True)
+        sys.exit(2)
+    bound = sock.getsockname()[1]
+    click.echo(json.dumps({"base_url": f"http://127.0.0.1:{bound}"}))
+    sys.stdout.flush()
+    serve.run(sock, state_dir)
+
+
 if __name__ == "__main__":  # pragma: no cover
     main()
