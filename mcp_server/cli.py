@@ -482,7 +482,7 @@ def bench_render(seconds: float, as_json: bool) -> None:
 
 @main.group()
 def fixtures() -> None:
-    """The local mock providers (Gmail API, OAuth, the admin API) that tests and demos use."""
+    """The local mock providers (Gmail API, Microsoft Graph, OAuth, the admin API)."""
 
 
 @fixtures.command("serve")
