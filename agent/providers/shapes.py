@@ -58,6 +58,8 @@ class GmailMessage(_Shape):
 
 
 class GmailMessageRef(_Shape):
+    """https://developers.google.com/gmail/api/reference/rest/v1/users.messages/list#response-body"""
+
     id: str
     thread_id: str = Field(alias="threadId")
 
@@ -71,6 +73,8 @@ class GmailMessageList(_Shape):
 
 
 class GmailHistoryMessageAdded(_Shape):
+    """https://developers.google.com/gmail/api/reference/rest/v1/users.history/list#MessageAdded"""
+
     message: GmailMessage
 
 
@@ -100,6 +104,8 @@ class GmailProfile(_Shape):
 
 
 class GoogleErrorDetail(_Shape):
+    """https://cloud.google.com/apis/design/errors#http_mapping (the ``errors`` entries)"""
+
     message: str = ""
     domain: str = ""
     reason: str = ""
@@ -115,6 +121,8 @@ class GoogleError(_Shape):
 
 
 class GoogleErrorBody(_Shape):
+    """https://cloud.google.com/apis/design/errors#http_mapping"""
+
     error: GoogleError
 
 
@@ -179,6 +187,8 @@ class GraphMessageCollection(_Shape):
 
 
 class GraphErrorDetail(_Shape):
+    """https://learn.microsoft.com/graph/errors#error-resource-type"""
+
     code: str
     message: str
 
