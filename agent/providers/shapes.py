@@ -186,6 +186,25 @@ class GraphMessageCollection(_Shape):
     next_link: str | None = Field(default=None, alias="@odata.nextLink")
 
 
+class GraphMailFolder(_Shape):
+    """https://learn.microsoft.com/graph/api/resources/mailfolder"""
+
+    id: str
+    display_name: str | None = Field(default=None, alias="displayName")
+    parent_folder_id: str | None = Field(default=None, alias="parentFolderId")
+    total_item_count: int | None = Field(default=None, alias="totalItemCount")
+    unread_item_count: int | None = Field(default=None, alias="unreadItemCount")
+
+
+class GraphUser(_Shape):
+    """https://learn.microsoft.com/graph/api/resources/user"""
+
+    id: str
+    mail: str | None = None
+    user_principal_name: str | None = Field(default=None, alias="userPrincipalName")
+    display_name: str | None = Field(default=None, alias="displayName")
+
+
 class GraphErrorDetail(_Shape):
     """https://learn.microsoft.com/graph/errors#error-resource-type"""
 
