@@ -13,7 +13,7 @@ from enum import StrEnum
 
 from pydantic import BaseModel, ConfigDict
 
-from agent.domain.context import ClientSendPolicy, Side, WorkspaceContext
+from agent.domain.context import ClientSendPolicy, WorkspaceContext
 from agent.domain.envelope import Envelope
 from agent.domain.gates import preflight
 from agent.domain.recipients import build_recipients
@@ -78,13 +78,6 @@ class ReminderSkip(BaseModel):
     reason: str
 
 
-def client_manager(context: WorkspaceContext) -> str | None:
-    for contact in context.contacts:
-        if contact.side is Side.INTERNAL and "client_manager" in contact.roles:
-            return contact.address
-    return None
-
-
 def reminder_for(
     context: WorkspaceContext, task: Task, now: datetime
 ) -> ReminderPlan | ReminderSkip | None:
@@ -103,7 +96,7 @@ def reminder_for(
         return ReminderSkip(
             task_id=task.task_id, reason=f"licence/grant preflight failed: {failed}"
         )
-    manager = client_manager(context)
+    manager = context.client_manager()
     if manager is None:
         return ReminderSkip(
             task_id=task.task_id,

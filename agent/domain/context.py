@@ -240,6 +240,17 @@ class WorkspaceContext(_Model):
                 return contact
         return None
 
+    def client_manager(self) -> str | None:
+        """The recorded client manager: the internal contact holding ``client_manager``."""
+        for contact in self.contacts:
+            if contact.side is Side.INTERNAL and "client_manager" in contact.roles:
+                return contact.address
+        return None
+
+    def work_owner(self) -> str | None:
+        """Who owns new work: the client manager, else the escalation contact."""
+        return self.client_manager() or self.escalation_contact
+
     def mailbox(self, provider: str, mailbox_id: str) -> MailboxBinding | None:
         wanted = mailbox_id.strip().lower()
         for binding in self.mailboxes:

@@ -139,13 +139,6 @@ class GateResult(BaseModel):
         return "pending: " + "; ".join(r.detail for r in self.reasons)
 
 
-def _owner(context: WorkspaceContext) -> str:
-    for contact in context.contacts:
-        if contact.side is Side.INTERNAL and "client_manager" in contact.roles:
-            return contact.address
-    return context.escalation_contact or "the workspace operator"
-
-
 def task_owner_evidence(task: Task) -> tuple[OwnerEvidence, ...]:
     """Owner evidence the task itself records (used only where the context permits it)."""
     return (
@@ -171,7 +164,7 @@ def evaluate_send(
     An internal send (every recipient verified internal) is never held by the client-send
     policy or by approval: a requester's loop is closed whatever the rollout stage.
     """
-    owner = _owner(context)
+    owner = context.work_owner() or "the workspace operator"
     foreign = foreign or ForeignMarkers()
     plan = build_recipients(
         context, to=to, cc=cc, internal_only=internal_only, owner_evidence=task_owner_evidence(task)

@@ -72,9 +72,3 @@ def noise(envelope: Envelope, *, own_addresses: frozenset[str], known_sender: bo
             )
         return Noise(kind=NoiseKind.BULK, reason=f"list or bulk mail ({signal})")
     return None
-
-
-def noise_reason(envelope: Envelope) -> str | None:
-    """Why the message is automated noise, or None (header signals only)."""
-    found = noise(envelope, own_addresses=frozenset(), known_sender=False)
-    return found.reason if found is not None and found.clear else None

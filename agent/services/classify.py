@@ -16,7 +16,7 @@ from datetime import datetime
 
 from agent.domain import gates
 from agent.domain.approval import ApprovalDecision, Decision
-from agent.domain.context import Side, WorkspaceContext
+from agent.domain.context import WorkspaceContext
 from agent.domain.dispositions import (
     DISPOSITION_FOR_STATE,
     TASK_STATE_FOR,
@@ -46,16 +46,7 @@ class Triage:
 
 def work_owner(context: WorkspaceContext) -> str:
     """Who owns the next action on new work: the client manager, else the escalation contact."""
-    for contact in context.contacts:
-        if contact.side is Side.INTERNAL and "client_manager" in contact.roles:
-            return contact.address
-    return context.escalation_contact or "unassigned (no escalation_contact in the context)"
-
-
-def has_owner(context: WorkspaceContext) -> bool:
-    return any(
-        c.side is Side.INTERNAL and "client_manager" in c.roles for c in context.contacts
-    ) or bool(context.escalation_contact)
+    return context.work_owner() or "unassigned (no escalation_contact in the context)"
 
 
 def preflight(context: WorkspaceContext, mailbox_id: str) -> str | None:
@@ -235,7 +226,7 @@ def triage(
         next_action = NextAction(
             description=f"restore the licence/grant ({preflight_failure})", owner=escalation_owner
         )
-    elif task_created and not has_owner(context):
+    elif task_created and context.work_owner() is None:
         gates.append(
             Gate(
                 kind=GateKind.ASSIGNMENT,

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from agent.domain.envelope import Envelope
-from agent.domain.noise import Noise, NoiseKind, noise, noise_reason
+from agent.domain.noise import Noise, NoiseKind, noise
 from agent.testing import make_envelope
 
 MAILBOX = "support@fabrikam.test"
@@ -50,7 +50,7 @@ def classify(envelope: Envelope, *, known_sender: bool = False) -> Noise | None:
 def test_an_ordinary_message_is_not_noise() -> None:
     assert classify(message()) is None
     assert classify(message(), known_sender=True) is None
-    assert noise_reason(message()) is None
+    assert classify(message(), known_sender=False) is None
 
 
 def test_body_like_wording_in_the_subject_never_makes_noise() -> None:
@@ -92,7 +92,7 @@ def test_precedence_bulk_list_or_junk_from_an_unknown_sender_is_clear_bulk(value
     assert found is not None
     assert found.kind is NoiseKind.BULK
     assert found.clear
-    assert noise_reason(message(precedence=value)) is not None
+    assert found.reason == f"list or bulk mail (Precedence: {value.strip().lower()})"
 
 
 @pytest.mark.parametrize("value", ["bulk", "list", "junk"])
@@ -165,6 +165,7 @@ def test_an_own_address_at_the_same_domain_that_is_not_own_is_no_loop() -> None:
     assert classify(message(sender="noa.bar@fabrikam.test")) is None
 
 
-def test_noise_reason_names_the_header_signal_and_is_none_for_a_persons_message() -> None:
-    assert noise_reason(message(auto_submitted="auto-replied")) == "Auto-Submitted: auto-replied"
-    assert noise_reason(message(auto_submitted="no")) is None
+def test_the_noise_reason_names_the_header_signal_and_a_persons_message_has_none() -> None:
+    found = classify(message(auto_submitted="auto-replied"))
+    assert found is not None and found.reason == "Auto-Submitted: auto-replied"
+    assert classify(message(auto_submitted="no")) is None
