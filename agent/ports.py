@@ -24,9 +24,11 @@ from agent.domain.records import (
     Binding,
     ClaimRequest,
     ClaimResult,
+    DraftRecord,
     Escalation,
     EscalationDraft,
     HealthRecord,
+    LearningProposal,
     ReportRequest,
     SendIntent,
     SendRecord,
@@ -173,6 +175,18 @@ class Store(TaskBoard, Protocol):
     ) -> SendRecord: ...
     def get_send(self, key: str) -> SendRecord | None: ...
     def list_sends(self, workspace_id: str) -> list[SendRecord]: ...
+
+    # drafts the server rendered, and the operator's queue of learning proposals
+    def save_draft(self, draft: DraftRecord) -> DraftRecord:
+        """Keep a rendered draft (saving the same draft id again keeps the first)."""
+        ...
+
+    def get_draft(self, draft_id: str) -> DraftRecord | None: ...
+    def add_proposal(self, proposal: LearningProposal) -> LearningProposal:
+        """Queue a proposal (the same proposal id again returns the queued one)."""
+        ...
+
+    def list_proposals(self, workspace_id: str) -> list[LearningProposal]: ...
 
     # tasks, escalations, health
     def task_for_thread(self, work_key: str) -> Task | None: ...

@@ -129,6 +129,12 @@ class TaskAmendment(BaseModel):
     sent_message: MessageRef | None = None
     """A message the workspace sent for the task; indexed so replies to it link here."""
     remaining_work: str | None = None
+    sent_message_id: str | None = None
+    """The Message-ID of the client reply sent for the task."""
+    recipients: tuple[str, ...] | None = None
+    """Who that reply went to."""
+    readback_evidence: str | None = None
+    """What the read-back of the provider's stored copy found."""
 
 
 class SendState(StrEnum):
@@ -234,3 +240,41 @@ class ReportRequest(BaseModel):
     """Set when the work hit a transient failure: the execution record becomes RETRY_PENDING
     (claimable again from this time on) and the task BLOCKED_RETRY_PENDING. Retry state lives
     on the execution record only."""
+
+
+class DraftRecord(BaseModel):
+    """A draft the server rendered for a task. ``rendered`` is the rendering's JSON; the
+    digest covers its subject, HTML and text, and an approval binds to it."""
+
+    model_config = ConfigDict(frozen=True)
+
+    draft_id: str
+    task_id: str
+    workspace_id: str
+    digest: str
+    rendered: str
+    created_at: datetime
+
+
+class ProposalState(StrEnum):
+    QUEUED = "queued"
+    ACCEPTED = "accepted"
+    REJECTED = "rejected"
+
+
+class LearningProposal(BaseModel):
+    """A change to a Workspace Context an agent proposed, queued for an operator. Its text
+    came from an agent that reads untrusted mail: it is shown to the operator, never applied."""
+
+    model_config = ConfigDict(frozen=True)
+
+    proposal_id: str
+    workspace_id: str
+    kind: str
+    summary: str
+    detail: str
+    evidence: tuple[str, ...] = ()
+    state: ProposalState = ProposalState.QUEUED
+    submitted_at: datetime
+    created: bool = False
+    """True when this call queued it (False: the same proposal was already queued)."""

@@ -23,6 +23,7 @@ from typing import Any
 
 from agent.domain.approval import ApprovalDecision, Decision, current_approval, decisions_on
 from agent.domain.dispositions import TASK_STATE_FOR, Disposition, GateKind, settle
+from agent.domain.envelope import Address
 from agent.domain.errors import TransitionError
 from agent.domain.records import TaskAmendment, TaskUpdate
 from agent.domain.states import (
@@ -218,6 +219,12 @@ def apply_amendment(task: Task, amendment: TaskAmendment, now: datetime) -> Task
         changes["next_action"] = amendment.next_action
     if amendment.remaining_work is not None:
         changes["remaining_work"] = amendment.remaining_work
+    if amendment.sent_message_id is not None:
+        changes["sent_message_id"] = amendment.sent_message_id
+    if amendment.recipients is not None:
+        changes["recipients"] = tuple(Address(address=a) for a in amendment.recipients)
+    if amendment.readback_evidence is not None:
+        changes["readback_evidence"] = amendment.readback_evidence
     if amendment.sent_message is not None:
         known = {m.provider_message_id for m in task.messages}
         if amendment.sent_message.provider_message_id not in known:

@@ -17,6 +17,7 @@ from agent.domain.approval import (
     approvers,
     judge_reply,
     request_answered,
+    standing_covers,
     strictest,
 )
 from agent.domain.automation import SendKind
@@ -226,3 +227,72 @@ async def judge_inbound(
         decision = Decision.NONE
         reasons = "an approval counts only as a direct reply to the approval request"
     return verdicts[0].model_copy(update={"decision": decision, "reason": reasons})
+
+
+def _bare_id(message_id: str) -> str:
+    return message_id.strip().strip("<>").strip().lower()
+
+
+def record_approval(
+    store: Store,
+    task_id: str,
+    clock: Clock,
+    *,
+    message_id: str | None = None,
+    standing_class: str | None = None,
+) -> tuple[Task, str]:
+    """Record what approval evidence establishes, judged by the server; returns the task
+    and what was found.
+
+    ``message_id`` names an approver's reply in the task's approval thread. Intake judges
+    every such reply when it takes it in (approver role from the live context, the same task
+    and draft, explicit wording), so the decision is looked up on the task: a message that
+    is not there - not yet taken in, or another task's - approves nothing.
+    ``standing_class`` names a standing approval of the live context; it covers a draft of
+    exactly that message class, and moves a DRAFT_READY task to APPROVED_TO_SEND.
+    """
+    if (message_id is None) == (standing_class is None):
+        raise GateRefused(
+            "give exactly one piece of evidence: the Message-ID of an approver's reply, or the "
+            "message class of a standing approval"
+        )
+    task = load_task(store, task_id)
+    if message_id is not None:
+        wanted = _bare_id(message_id)
+        found = [d for d in task.approval_decisions if _bare_id(d.evidence_message_id) == wanted]
+        if not found:
+            raise GateRefused(
+                f"no approver's reply {message_id} is recorded on task {task_id}. A reply counts "
+                "only once intake has taken it in (call intake, then claim its item) and only "
+                "in this task's own approval thread; the server judges it, not the caller"
+            )
+        return task, found[-1].describe()
+    assert standing_class is not None
+    context = load_context(store, task.workspace_id)
+    basis = standing_covers(context, standing_class)
+    if basis is None:
+        raise GateRefused(
+            f"the workspace context records no standing approval for message class "
+            f"{standing_class!r}; request internal approval instead"
+        )
+    if task.state is not TaskState.DRAFT_READY:
+        raise GateRefused(
+            f"task {task_id} is {task.state}; a standing approval applies to a task in "
+            "DRAFT_READY (render the draft and transition the task there first)"
+        )
+    if any(d.decision is Decision.CHANGES_REQUESTED for d in task.approval_decisions):
+        raise GateRefused(
+            "an approver asked for changes on this task; a standing approval does not "
+            "override that: request internal approval for the revised draft"
+        )
+    task = store.amend_task(
+        task_id,
+        TaskAmendment(
+            event=f"approved to send: {basis}",
+            expect_states=(TaskState.DRAFT_READY,),
+            state=TaskState.APPROVED_TO_SEND,
+            message_class=standing_class,
+        ),
+        clock.now(),
+    )
+    return task, basis

@@ -86,7 +86,7 @@ class RunResult:
 
 
 @dataclass(frozen=True)
-class _Planned:
+class Planned:
     scanned: ScannedMessage
     mailbox: MailboxBinding
     owner: str  # workspace id, or the station scope
@@ -111,7 +111,40 @@ def item_ref(binding: MailboxBinding, provider_ref: str) -> str:
     return f"{binding.provider}:{binding.mailbox_id}/{provider_ref}"
 
 
-async def run_cycle(
+@dataclass
+class Scan:
+    """One run's scan (steps 1-4), its items recorded in the run ledger, ready to be claimed
+    one by one (steps 5-8) and then reconciled (step 11)."""
+
+    store: Store
+    context: WorkspaceContext
+    station: StationConfig
+    holder: str
+    result: RunResult
+    planned: list[Planned]
+    providers: dict[str, MailProvider]
+    preflights: dict[str, str | None]
+    renewed_at: datetime
+    lookahead: claim.Lookahead
+    race: list[tuple[str, Disposition, str]] = field(
+        default_factory=list[tuple[str, Disposition, str]]
+    )
+
+    @property
+    def run_id(self) -> str:
+        return self.result.run_id
+
+    def index_of(self, item_ref: str) -> int | None:
+        for index, plan in enumerate(self.planned):
+            if plan.ref == item_ref:
+                return index
+        return None
+
+    def item(self, index: int) -> Planned:
+        return self.planned[index]
+
+
+async def scan(
     *,
     store: Store,
     data_dir: DataDir,
@@ -119,9 +152,10 @@ async def run_cycle(
     provider_for: ProviderFactory,
     clock: Clock,
     holder: str | None = None,
-    on_progress: Callable[[Progress], None] | None = None,
-) -> RunResult:
-    """Run one intake cycle for a workspace and reconcile it."""
+    mailbox_ids: frozenset[str] | None = None,
+) -> Scan:
+    """Steps 1-4 for a workspace's mailboxes (or only ``mailbox_ids``): start a run, scan,
+    normalize, resolve and key every item, and record each scanned item in the run ledger."""
     holder = holder or current_holder()
     context = load_context(store, workspace_id)  # live context, re-read on every run
     station = load_station(data_dir)
@@ -136,17 +170,16 @@ async def run_cycle(
                 result.reconciled_stale.append(stale)
     renewed_at = clock.now()
     store.start_run(run_id, workspace_id, holder, renewed_at, renewed_at + RUN_LEASE)
+    bindings = [b for b in context.mailboxes if mailbox_ids is None or b.mailbox_id in mailbox_ids]
 
     # 1. Preflight first; a failure gates the work on each item, never detection.
-    preflights = {
-        b.mailbox_id: classify.preflight(context, b.mailbox_id) for b in context.mailboxes
-    }
-    planned: list[_Planned] = []
+    preflights = {b.mailbox_id: classify.preflight(context, b.mailbox_id) for b in bindings}
+    planned: list[Planned] = []
     seen: set[str] = set()
     providers: dict[str, MailProvider] = {}
-    for binding in context.mailboxes:
+    for binding in bindings:
         cands = candidates(store, binding.provider, binding.mailbox_id)
-        found: list[_Planned] = []
+        found: list[Planned] = []
         try:
             provider = provider_for(binding)
             providers[binding.mailbox_id] = provider
@@ -182,71 +215,120 @@ async def run_cycle(
             p.ref,
         )
     )
-    # Claim-race outcomes write nothing when decided; their ledger entries are recorded in
-    # batches (a worker that dies before a batch leaves those items to reconciliation).
-    race: list[tuple[str, Disposition, str]] = []
-    lookahead = claim.Lookahead(store, [p.key for p in planned])
-    for index, plan in enumerate(planned, start=1):
-        renewed_at = _renew(store, run_id, holder, clock, renewed_at)
-        request = ClaimRequest(
-            key=plan.key,
-            service=SERVICE,
-            holder=holder,
-            run_id=run_id,
-            item_ref=plan.ref,
+    return Scan(
+        store=store,
+        context=context,
+        station=station,
+        holder=holder,
+        result=result,
+        planned=planned,
+        providers=providers,
+        preflights=preflights,
+        renewed_at=renewed_at,
+        lookahead=claim.Lookahead(store, [p.key for p in planned]),
+    )
+
+
+async def claim_item(run: Scan, index: int, clock: Clock) -> ItemOutcome | None:
+    """Steps 5-8 for one scanned item: claim it; the holder creates or updates the one task
+    and reports the item's disposition. A lost claim writes nothing now: its claim-race
+    disposition is buffered (``flush``). None when the item's handling failed (the failure
+    is in ``item_errors`` and the station health record)."""
+    store = run.store
+    plan = run.planned[index]
+    run.renewed_at = _renew(store, run.run_id, run.holder, clock, run.renewed_at)
+    request = ClaimRequest(
+        key=plan.key,
+        service=SERVICE,
+        holder=run.holder,
+        run_id=run.run_id,
+        item_ref=plan.ref,
+    )
+    try:
+        if plan.owner == run.result.workspace_id and plan.envelope is not None and not plan.reason:
+            outcome = await _handle(
+                store,
+                run.context,
+                plan.envelope,
+                request,
+                run.preflights[plan.mailbox.mailbox_id],
+                clock,
+                run.lookahead.seen(index),
+                run.providers[plan.mailbox.mailbox_id],
+            )
+        else:
+            outcome = _escalate(
+                store, run.context, run.station, plan, request, clock, run.lookahead.seen(index)
+            )
+    except ClaimLost as exc:
+        # This worker was too slow: its lease expired and another holder took the
+        # occurrence over. The other holder finishes it; this run records the race.
+        outcome = ItemOutcome(
+            plan.ref,
+            Disposition.EXECUTION_ALREADY_CLAIMED,
+            ClaimOutcome.EXECUTION_ALREADY_CLAIMED,
+            None,
+            False,
+            str(exc),
         )
-        try:
-            if plan.owner == workspace_id and plan.envelope is not None and not plan.reason:
-                outcome = await _handle(
-                    store,
-                    context,
-                    plan.envelope,
-                    request,
-                    preflights[plan.mailbox.mailbox_id],
-                    clock,
-                    lookahead.seen(index - 1),
-                    providers[plan.mailbox.mailbox_id],
-                )
-            else:
-                outcome = _escalate(
-                    store, context, station, plan, request, clock, lookahead.seen(index - 1)
-                )
-        except ClaimLost as exc:
-            # This worker was too slow: its lease expired and another holder took the
-            # occurrence over. The other holder finishes it; this run records the race.
-            outcome = ItemOutcome(
-                plan.ref,
-                Disposition.EXECUTION_ALREADY_CLAIMED,
-                ClaimOutcome.EXECUTION_ALREADY_CLAIMED,
-                None,
-                False,
-                str(exc),
-            )
-        except StoreError:
-            store.record_dispositions(run_id, race, clock.now())  # keep what was decided
-            raise
-        except Exception as exc:
-            # One item's failure never stops the others, whatever it is: the item stays
-            # without an outcome (the reconciliation says so), its claim is taken over by a
-            # later run, and the station health record names it.
-            store.record_health(
-                f"intake item {plan.ref}", f"{type(exc).__name__}: {exc}", clock.now()
-            )
-            result.item_errors.append(f"{plan.ref}: {type(exc).__name__}: {exc}")
-            continue
-        result.items.append(outcome)
-        if outcome.claim is not None and outcome.claim is not ClaimOutcome.CLAIMED:
-            race.append((outcome.item_ref, outcome.disposition, outcome.detail))
-            if len(race) >= RACE_BATCH:
-                store.record_dispositions(run_id, race, clock.now())
-                race.clear()
-        if on_progress is not None:
-            on_progress(Progress(done=index, total=len(planned), outcome=outcome))
-    store.record_dispositions(run_id, race, clock.now())
-    result.reconciliation = store.reconcile(run_id, clock.now())
+    except StoreError:
+        flush(run, clock)  # keep what was decided
+        raise
+    except Exception as exc:
+        # One item's failure never stops the others, whatever it is: the item stays
+        # without an outcome (the reconciliation says so), its claim is taken over by a
+        # later run, and the station health record names it.
+        store.record_health(f"intake item {plan.ref}", f"{type(exc).__name__}: {exc}", clock.now())
+        run.result.item_errors.append(f"{plan.ref}: {type(exc).__name__}: {exc}")
+        return None
+    run.result.items.append(outcome)
+    if outcome.claim is not None and outcome.claim is not ClaimOutcome.CLAIMED:
+        run.race.append((outcome.item_ref, outcome.disposition, outcome.detail))
+        if len(run.race) >= RACE_BATCH:
+            flush(run, clock)
+    return outcome
+
+
+def flush(run: Scan, clock: Clock) -> None:
+    """Record the buffered claim-race dispositions in the run ledger."""
+    if run.race:
+        run.store.record_dispositions(run.run_id, run.race, clock.now())
+        run.race.clear()
+
+
+async def finish(run: Scan, clock: Clock) -> RunResult:
+    """Step 11: record what is buffered, reconcile the run, then send the reminders due."""
+    flush(run, clock)
+    run.result.reconciliation = run.store.reconcile(run.run_id, clock.now())
     # Reminders are their own work: a run that reconciled still sends the ones now due.
-    result.reminders = await reminders.send_due(store, context, providers, clock)
-    return result
+    run.result.reminders = await reminders.send_due(run.store, run.context, run.providers, clock)
+    return run.result
+
+
+async def run_cycle(
+    *,
+    store: Store,
+    data_dir: DataDir,
+    workspace_id: str,
+    provider_for: ProviderFactory,
+    clock: Clock,
+    holder: str | None = None,
+    on_progress: Callable[[Progress], None] | None = None,
+) -> RunResult:
+    """Run one intake cycle for a workspace and reconcile it."""
+    run = await scan(
+        store=store,
+        data_dir=data_dir,
+        workspace_id=workspace_id,
+        provider_for=provider_for,
+        clock=clock,
+        holder=holder,
+    )
+    for index in range(len(run.planned)):
+        outcome = await claim_item(run, index, clock)
+        if outcome is not None and on_progress is not None:
+            on_progress(Progress(done=index + 1, total=len(run.planned), outcome=outcome))
+    return await finish(run, clock)
 
 
 def _renew(
@@ -275,7 +357,7 @@ def _plan(
     binding: MailboxBinding,
     cands: list[Candidate],
     workspace_id: str,
-) -> _Planned | None:
+) -> Planned | None:
     envelope = scanned.envelope
     if envelope is None:
         # Unreadable: it cannot be bound by shared-mailbox rules, so only an unshared
@@ -284,12 +366,12 @@ def _plan(
         key = compose_key(
             owner, binding.provider, binding.mailbox_id, "unreadable", scanned.item_ref
         )
-        return _Planned(scanned, binding, owner, key, f"could not be normalized: {scanned.error}")
+        return Planned(scanned, binding, owner, key, f"could not be normalized: {scanned.error}")
     resolution = resolve_workspace(envelope, cands)
     if resolution.status is ResolutionStatus.RESOLVED:
         if resolution.workspace_id != workspace_id:
             return None  # another workspace's item in a shared mailbox: not read here
-        return _Planned(
+        return Planned(
             scanned,
             binding,
             workspace_id,
@@ -299,14 +381,14 @@ def _plan(
     if resolution.status is ResolutionStatus.ESCALATE_IN_WORKSPACE:
         if resolution.workspace_id != workspace_id:
             return None
-        return _Planned(
+        return Planned(
             scanned,
             binding,
             workspace_id,
             occurrence_key(workspace_id, envelope),
             resolution.reason,
         )
-    return _Planned(
+    return Planned(
         scanned, binding, STATION_SCOPE, occurrence_key(STATION_SCOPE, envelope), resolution.reason
     )
 
@@ -375,7 +457,7 @@ def _escalate(
     store: Store,
     context: WorkspaceContext,
     station: StationConfig,
-    plan: _Planned,
+    plan: Planned,
     request: ClaimRequest,
     clock: Clock,
     seen: tuple[ExecutionRecord | None],

@@ -152,4 +152,34 @@ MIGRATIONS: tuple[tuple[int, tuple[str, ...]], ...] = (
             " ON send_recipients (workspace_id, address, created_at)",
         ),
     ),
+    (
+        4,
+        (
+            # Rendered drafts, by id: an approval binds to a draft's exact digest, and a send
+            # or an approval request names the draft the server rendered, never content the
+            # caller supplies at send time.
+            """CREATE TABLE drafts (
+                draft_id TEXT PRIMARY KEY,
+                task_id TEXT NOT NULL REFERENCES tasks (task_id),
+                workspace_id TEXT NOT NULL,
+                digest TEXT NOT NULL,
+                rendered TEXT NOT NULL,
+                created_at REAL NOT NULL
+            )""",
+            # What an agent proposes to change in a Workspace Context: queued for an operator,
+            # never applied by the proposal itself.
+            """CREATE TABLE learning_proposals (
+                proposal_id TEXT PRIMARY KEY,
+                workspace_id TEXT NOT NULL,
+                kind TEXT NOT NULL,
+                summary TEXT NOT NULL,
+                detail TEXT NOT NULL,
+                evidence TEXT NOT NULL,
+                state TEXT NOT NULL CHECK (state IN ('queued', 'accepted', 'rejected')),
+                submitted_at REAL NOT NULL
+            )""",
+            "CREATE INDEX learning_proposals_queue"
+            " ON learning_proposals (workspace_id, state, submitted_at)",
+        ),
+    ),
 )

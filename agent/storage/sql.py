@@ -31,9 +31,12 @@ from agent.domain.records import (
     Binding,
     ClaimRequest,
     ClaimResult,
+    DraftRecord,
     Escalation,
     EscalationDraft,
     HealthRecord,
+    LearningProposal,
+    ProposalState,
     ReportRequest,
     SendIntent,
     SendRecord,
@@ -1199,6 +1202,93 @@ class SqlStore:
             "SELECT * FROM sends WHERE workspace_id = ? ORDER BY created_at, key", (workspace_id,)
         )
         return [self._send(r) for r in rows]
+
+    # -- drafts and learning proposals -------------------------------------------------------
+
+    @staticmethod
+    def _draft(row: Row) -> DraftRecord:
+        return DraftRecord(
+            draft_id=row["draft_id"],
+            task_id=row["task_id"],
+            workspace_id=row["workspace_id"],
+            digest=row["digest"],
+            rendered=row["rendered"],
+            created_at=dt(row["created_at"]) or datetime.now(UTC),
+        )
+
+    def save_draft(self, draft: DraftRecord) -> DraftRecord:
+        def body(conn: Tx) -> DraftRecord:
+            conn.execute(
+                "INSERT INTO drafts (draft_id, task_id, workspace_id, digest, rendered,"
+                " created_at) VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (draft_id) DO NOTHING",
+                (
+                    draft.draft_id,
+                    draft.task_id,
+                    draft.workspace_id,
+                    draft.digest,
+                    draft.rendered,
+                    ts(draft.created_at),
+                ),
+            )
+            row = conn.execute(
+                "SELECT * FROM drafts WHERE draft_id = ?", (draft.draft_id,)
+            ).fetchone()
+            return self._draft(row)
+
+        return self._write(body, None)
+
+    def get_draft(self, draft_id: str) -> DraftRecord | None:
+        rows = self._read("SELECT * FROM drafts WHERE draft_id = ?", (draft_id,))
+        return self._draft(rows[0]) if rows else None
+
+    @staticmethod
+    def _proposal(row: Row, *, created: bool = False) -> LearningProposal:
+        return LearningProposal(
+            proposal_id=row["proposal_id"],
+            workspace_id=row["workspace_id"],
+            kind=row["kind"],
+            summary=row["summary"],
+            detail=row["detail"],
+            evidence=tuple(json.loads(row["evidence"])),
+            state=ProposalState(row["state"]),
+            submitted_at=dt(row["submitted_at"]) or datetime.now(UTC),
+            created=created,
+        )
+
+    def add_proposal(self, proposal: LearningProposal) -> LearningProposal:
+        def body(conn: Tx) -> LearningProposal:
+            row = conn.execute(
+                "INSERT INTO learning_proposals (proposal_id, workspace_id, kind, summary,"
+                " detail, evidence, state, submitted_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
+                " ON CONFLICT (proposal_id) DO NOTHING RETURNING *",
+                (
+                    proposal.proposal_id,
+                    proposal.workspace_id,
+                    proposal.kind,
+                    proposal.summary,
+                    proposal.detail,
+                    json.dumps(list(proposal.evidence)),
+                    proposal.state.value,
+                    ts(proposal.submitted_at),
+                ),
+            ).fetchone()
+            if row is not None:
+                return self._proposal(row, created=True)
+            existing = conn.execute(
+                "SELECT * FROM learning_proposals WHERE proposal_id = ?",
+                (proposal.proposal_id,),
+            ).fetchone()
+            return self._proposal(existing)
+
+        return self._write(body, None)
+
+    def list_proposals(self, workspace_id: str) -> list[LearningProposal]:
+        rows = self._read(
+            "SELECT * FROM learning_proposals WHERE workspace_id = ?"
+            " ORDER BY submitted_at, proposal_id",
+            (workspace_id,),
+        )
+        return [self._proposal(r) for r in rows]
 
     # -- escalations and health -------------------------------------------------------------
 

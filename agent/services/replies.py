@@ -1,0 +1,221 @@
+"""send and read_back: a rendered draft goes out in the task's original thread, exactly once,
+and the provider's stored copy is read back and checked.
+
+The gate runs here, inside the server, on every send: what the caller says about recipients'
+classes or approval is never evidence. A send is ledgered before the provider is asked, so a
+retry of the same draft to the same recipients finds its ledger entry (and, after a crash,
+the provider's sent copy) instead of sending again.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from agent.domain.automation import SendKind
+from agent.domain.dispositions import GateKind
+from agent.domain.errors import GateRefused, RegistryError
+from agent.domain.gates import GateResult
+from agent.domain.mail import OutgoingMessage
+from agent.domain.recipients import Communication
+from agent.domain.records import SendIntent, SendRecord, SendState, TaskAmendment
+from agent.domain.states import TaskState
+from agent.domain.task import CommunicationState, Task
+from agent.ports import Clock, MailProvider, Store
+from agent.rendering.render import RenderedMessage
+from agent.rendering.verify import Check, ReadBackReport, verify_read_back
+from agent.services.drafts import facts, load_draft
+from agent.services.gate_check import check_send, load_task
+from agent.services.outbound import SendOutcome, SendStatus, outgoing, send_once, sent_ref
+
+_KEY_PREFIX = "reply"
+
+
+class SendRefused(GateRefused):
+    """The gate did not let the send go; ``gate`` carries every blocking reason."""
+
+    def __init__(self, gate: GateResult) -> None:
+        super().__init__(f"the send is refused: {gate.summary()}")
+        self.gate = gate
+
+
+@dataclass(frozen=True)
+class ReplyOutcome:
+    gate: GateResult
+    outcome: SendOutcome
+    task: Task
+
+
+def reply_key(draft_id: str, to: Sequence[str], cc: Sequence[str]) -> str:
+    """One send of one draft to exactly these recipients."""
+    return f"{_KEY_PREFIX}|{draft_id}|to={','.join(to)}|cc={','.join(cc)}"
+
+
+def _parse_key(key: str) -> tuple[str, tuple[str, ...], tuple[str, ...]]:
+    parts = key.split("|")
+    if len(parts) != 4 or parts[0] != _KEY_PREFIX:
+        raise RegistryError(
+            f"send {key!r} is not a reply sent by send; read_back takes the send_id send returned"
+        )
+    to = tuple(a for a in parts[2].removeprefix("to=").split(",") if a)
+    cc = tuple(a for a in parts[3].removeprefix("cc=").split(",") if a)
+    return parts[1], to, cc
+
+
+def _parent(task: Task) -> str | None:
+    """The message the reply answers: the original thread's latest inbound message (an
+    approver's reply belongs to the approval thread, not to the thread being answered)."""
+    approval_thread = {d.evidence_message_id for d in task.approval_decisions}
+    for message in reversed(task.messages):
+        if (
+            message.direction == "inbound"
+            and message.internet_message_id
+            and message.internet_message_id not in approval_thread
+        ):
+            return message.internet_message_id
+    return None
+
+
+def _message(
+    task: Task,
+    key: str,
+    rendered: RenderedMessage,
+    to: tuple[str, ...],
+    cc: tuple[str, ...],
+    kind: SendKind,
+    parent: str | None,
+) -> tuple[SendIntent, OutgoingMessage]:
+    return outgoing(
+        key=key,
+        kind=kind,
+        workspace_id=task.workspace_id,
+        task_id=task.task_id,
+        mailbox_id=task.mailbox_id,
+        to=to,
+        cc=cc,
+        subject=rendered.subject,
+        text=rendered.text,
+        html=rendered.html,
+        thread_id=task.provider_thread_id,
+        in_reply_to=parent,
+        references=(parent,) if parent else (),
+    )
+
+
+async def send_reply(
+    store: Store,
+    provider: MailProvider,
+    task_id: str,
+    draft_id: str,
+    *,
+    to: Sequence[str],
+    cc: Sequence[str] = (),
+    clock: Clock,
+) -> ReplyOutcome:
+    """Re-run the gate, then send the draft in the task's original thread, exactly once."""
+    task = load_task(store, task_id)
+    record, rendered = load_draft(store, task_id, draft_id)
+    gate = check_send(store, task_id, facts(record, rendered), to=to, cc=cc)
+    if not gate.ready:
+        raise SendRefused(gate)
+    client = gate.communication is Communication.CLIENT_FACING
+    if client and task.state is TaskState.DRAFT_READY:
+        # A standing approval covers this message class: the task records the basis first.
+        task = store.amend_task(
+            task_id,
+            TaskAmendment(
+                event=f"approved to send: {gate.approval_basis} (draft {draft_id})",
+                expect_states=(TaskState.DRAFT_READY,),
+                state=TaskState.APPROVED_TO_SEND,
+            ),
+            clock.now(),
+        )
+    to_addrs, cc_addrs = gate.plan.addresses()
+    key = reply_key(draft_id, to_addrs, cc_addrs)
+    kind = SendKind.CLIENT_REPLY if client else SendKind.INTERNAL_REPLY
+    intent, message = _message(task, key, rendered, to_addrs, cc_addrs, kind, _parent(task))
+    mid = intent.internet_message_id
+    outcome = await send_once(store, provider, intent, message, clock)
+    if outcome.status is SendStatus.IN_PROGRESS:
+        raise GateRefused(f"send {key} is being made by another worker; read it back later")
+    if outcome.status is SendStatus.REFUSED:
+        raise GateRefused(f"send {key} was refused by the ledger: {outcome.record.detail}")
+    now = clock.now()
+    amendment = TaskAmendment(
+        event=f"{kind.value} sent: {key}",
+        sent_message=sent_ref(outcome, kind.value, task.mailbox_id, now),
+    )
+    if client:
+        amendment = amendment.model_copy(
+            update={
+                "expect_states": (TaskState.APPROVED_TO_SEND, TaskState.CLIENT_REPLY_SENT),
+                "state": TaskState.CLIENT_REPLY_SENT,
+                "remove_gate_kinds": (GateKind.INTERNAL_APPROVAL,),
+                "communication_state": CommunicationState.CLIENT_REPLY_SENT,
+                "sent_message_id": mid,
+                "recipients": (*to_addrs, *cc_addrs),
+            }
+        )
+    else:
+        amendment = amendment.model_copy(
+            update={"communication_state": CommunicationState.INTERNAL_UPDATE_SENT}
+        )
+    task = store.amend_task(task_id, amendment, now)
+    return ReplyOutcome(gate=gate, outcome=outcome, task=task)
+
+
+@dataclass(frozen=True)
+class ReadBack:
+    send: SendRecord
+    report: ReadBackReport
+    stored_provider_message_id: str | None
+
+
+async def read_back(store: Store, provider: MailProvider, send_id: str, clock: Clock) -> ReadBack:
+    """Fetch the provider's stored copy of a send and check recipients, subject, thread,
+    message id, direction, language and isolated fragments against what was rendered."""
+    record = store.get_send(send_id)
+    if record is None:
+        raise RegistryError(f"no send {send_id!r}; read_back takes the send_id send returned")
+    draft_id, to, cc = _parse_key(record.key)
+    if record.task_id is None:
+        raise RegistryError(f"send {send_id!r} belongs to no task")
+    task = load_task(store, record.task_id)
+    _, rendered = load_draft(store, task.task_id, draft_id)
+    if record.state is not SendState.SENT:
+        report = ReadBackReport(
+            checks=(
+                Check(
+                    name="sent",
+                    ok=False,
+                    detail="the send's outcome is not known yet (another worker holds it); "
+                    "read back again later",
+                ),
+            )
+        )
+        return ReadBack(send=record, report=report, stored_provider_message_id=None)
+    kind = SendKind(record.kind)
+    _, sent = _message(task, record.key, rendered, to, cc, kind, None)
+    copy = await provider.read_back(record.internet_message_id)
+    if copy is None:
+        report = ReadBackReport(
+            checks=(
+                Check(
+                    name="stored_copy",
+                    ok=False,
+                    detail=f"the provider has no stored copy of {record.internet_message_id} "
+                    "(yet); read back again before reporting delivery",
+                ),
+            )
+        )
+        return ReadBack(send=record, report=report, stored_provider_message_id=None)
+    report = verify_read_back(rendered, sent, copy)
+    evidence = f"read back {record.internet_message_id}: " + (
+        "all checks passed" if report.ok else "failed " + ", ".join(c.name for c in report.failed)
+    )
+    store.amend_task(
+        task.task_id,
+        TaskAmendment(event=f"read back {send_id}", readback_evidence=evidence),
+        clock.now(),
+    )
+    return ReadBack(send=record, report=report, stored_provider_message_id=copy.provider_message_id)

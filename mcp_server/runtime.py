@@ -1,0 +1,115 @@
+"""What the MCP server holds while it runs: the station, the clock, the providers, and the
+runs intake started in this process. Built once, in the server's lifespan."""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Generator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from mcp.server.mcpserver.exceptions import ToolError
+from mcp.shared.exceptions import MCPError
+
+from agent.domain.context import MailboxBinding, WorkspaceContext
+from agent.domain.errors import (
+    ContextError,
+    GateRefused,
+    OutloopError,
+    ProviderError,
+    RegistryError,
+    StoreError,
+    TransitionError,
+    UnknownStateError,
+)
+from agent.domain.task import Task
+from agent.ports import Clock, MailProvider
+from agent.services.intake import ProviderFactory, Scan
+from agent.services.replies import SendRefused
+from agent.services.workspaces import load_context
+from mcp_server.composition import Station
+from mcp_server.models import ClaimView
+
+REFUSED = -32010
+"""The JSON-RPC error code of a refusal: a gate, a policy or the task's state said no.
+``data.refused`` names the kind and ``data.reasons`` lists every reason."""
+
+MAX_RUNS = 64
+"""Runs kept in memory for claim; an older run can still be reconciled from the ledger."""
+
+
+@dataclass(frozen=True)
+class Settings:
+    """What the entry point read from the command line and the environment."""
+
+    data_dir: Path
+
+
+@dataclass
+class Runtime:
+    station: Station
+    clock: Clock
+    provider_for: ProviderFactory
+    runs: OrderedDict[str, Scan] = field(default_factory=OrderedDict[str, Scan])
+    claimed: dict[tuple[str, str], ClaimView] = field(
+        default_factory=dict[tuple[str, str], ClaimView]
+    )
+
+    def keep_run(self, run: Scan) -> None:
+        self.runs[run.run_id] = run
+        while len(self.runs) > MAX_RUNS:
+            old, _ = self.runs.popitem(last=False)
+            for key in [k for k in self.claimed if k[0] == old]:
+                del self.claimed[key]
+
+    def binding(self, context: WorkspaceContext, mailbox_id: str) -> MailboxBinding:
+        for binding in context.mailboxes:
+            if binding.mailbox_id == mailbox_id:
+                return binding
+        raise RegistryError(
+            f"workspace {context.workspace_id} no longer binds mailbox {mailbox_id}; an operator "
+            "changed its context"
+        )
+
+    def provider_for_task(self, task: Task) -> MailProvider:
+        """The task's own mailbox, as the live context binds it."""
+        context = load_context(self.station.store, task.workspace_id)
+        return self.provider_for(self.binding(context, task.mailbox_id))
+
+
+def refusal(
+    message: str, kind: str, reasons: list[dict[str, str | None]] | None = None
+) -> MCPError:
+    return MCPError(REFUSED, message, {"refused": kind, "reasons": reasons or []})
+
+
+@contextmanager
+def mapped_errors() -> Generator[None]:
+    """Turn the core's errors into what the host sees: a refusal (a JSON-RPC error the host
+    cannot mistake for success) or a tool error whose sentence says what to do."""
+    try:
+        yield
+    except SendRefused as exc:
+        raise refusal(
+            str(exc),
+            "gate",
+            [
+                {"blocker": r.blocker.value, "detail": r.detail, "recipient": r.recipient}
+                for r in exc.gate.reasons
+            ],
+        ) from exc
+    except GateRefused as exc:
+        raise refusal(str(exc), "policy") from exc
+    except TransitionError as exc:
+        raise refusal(str(exc), "task_state") from exc
+    except (RegistryError, ContextError, UnknownStateError) as exc:
+        raise ToolError(str(exc)) from exc
+    except ProviderError as exc:
+        raise ToolError(
+            f"the mail provider failed: {exc}; access_status shows the mailbox's health"
+        ) from exc
+    except StoreError as exc:
+        raise ToolError(f"the store failed: {exc}; retry the call") from exc
+    except OutloopError as exc:
+        raise ToolError(str(exc)) from exc

@@ -1,0 +1,701 @@
+"""The lifecycle as MCP tools. Each tool is thin: it validates its typed arguments, calls one
+service, and shapes the answer. Gates, approvals and recipients' classes are decided in the
+core from the server's own records; nothing a caller asserts is taken as fact."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal, cast
+
+from mcp.server.mcpserver import Context
+from mcp.server.mcpserver.exceptions import ToolError
+from mcp.server.mcpserver.tools import Tool
+from mcp.types import ToolAnnotations
+from pydantic import ConfigDict, Field
+
+from agent.domain.errors import RegistryError
+from agent.domain.gates import GateResult
+from agent.domain.mail import MessageBody
+from agent.domain.states import TaskState
+from agent.domain.task import Task
+from agent.rendering.text import visible_text
+from agent.services import approvals, closure, drafts, intake, learning, replies
+from agent.services.gate_check import check_send, load_task
+from agent.services.workspaces import load_context, registered_context
+from mcp_server.models import (
+    AccessView,
+    ApprovalDecisionView,
+    ApprovalRequestView,
+    ApprovalView,
+    BlockingReasonView,
+    CheckView,
+    ClaimView,
+    DraftView,
+    GateCheckView,
+    GateView,
+    IntakeItem,
+    IntakeResult,
+    MailboxAccess,
+    ProposalView,
+    QueueView,
+    ReadBackView,
+    RecipientView,
+    ReconciliationView,
+    SendView,
+    TaskView,
+    UntrustedMessage,
+    UntrustedTaskFields,
+    shown_names,
+    shown_plain,
+    untrusted_text,
+)
+from mcp_server.runtime import Runtime, mapped_errors
+
+MAX_BODY_CHARS = 20_000
+"""The longest message text a claim returns (the rest is marked truncated)."""
+
+Id = Annotated[str, Field(min_length=1, max_length=200, pattern=r"^[^\x00-\x1f\x7f]+$")]
+Address = Annotated[str, Field(min_length=3, max_length=320, pattern=r"^[^\s<>,;]+@[^\s<>,;]+$")]
+Recipients = Annotated[list[Address], Field(max_length=50)]
+Evidence = Annotated[str, Field(min_length=1, max_length=2000)]
+
+#: The states a host may move a task to. The approval and send states are the server's:
+#: request_approval, an approver's reply (judged at intake), a standing approval
+#: (record_approval) and send move a task there.
+HostState = Literal[
+    "TASK_RESOLVED",
+    "IN_DISCOVERY",
+    "EXECUTING",
+    "VERIFYING",
+    "DRAFT_READY",
+    "WAITING_CLIENT",
+    "PARTIALLY_COMPLETED",
+    "BLOCKED_RETRY_PENDING",
+    "COMPLETED",
+]
+
+Outcome = Literal["completed", "partially_completed", "waiting_client", "blocked_retry_pending"]
+_OUTCOME_STATE: dict[str, TaskState] = {
+    "completed": TaskState.COMPLETED,
+    "partially_completed": TaskState.PARTIALLY_COMPLETED,
+    "waiting_client": TaskState.WAITING_CLIENT,
+    "blocked_retry_pending": TaskState.BLOCKED_RETRY_PENDING,
+}
+
+
+def runtime_of(ctx: Context) -> Runtime:
+    return cast(Runtime, ctx.request_context.lifespan_context)
+
+
+# -- views --------------------------------------------------------------------------------
+
+
+def task_view(task: Task) -> TaskView:
+    return TaskView(
+        task_id=task.task_id,
+        workspace_id=task.workspace_id,
+        state=task.state.value,
+        state_since=task.state_since,
+        communication_state=task.communication_state.value,
+        readiness_tier=task.readiness_tier.value,
+        received_at=task.received_at,
+        client_send_policy=task.client_send_policy,
+        open_gates=[
+            GateView(kind=g.kind.value, owner=g.owner, reason=shown_plain(g.reason), since=g.since)
+            for g in task.open_gates
+        ],
+        next_action=shown_plain(task.next_action.description),
+        next_action_owner=task.next_action.owner,
+        remaining_work=task.remaining_work,
+        provisional_basis=dict(task.provisional_basis),
+        message_class=task.message_class,
+        requester=task.requester,
+        requester_loop_closed=task.requester_loop_closed,
+        approval_requests=[
+            ApprovalRequestView(
+                draft_id=r.draft_id,
+                approvers=list(r.approvers),
+                recipients=list(r.recipients),
+                request_message_id=r.internet_message_id,
+                sent_at=r.sent_at,
+            )
+            for r in task.approval_requests
+        ],
+        approval_decisions=[
+            ApprovalDecisionView(
+                decision=d.decision.value,
+                approver=d.approver,
+                draft_id=d.draft_id,
+                evidence_message_id=d.evidence_message_id,
+                reason=shown_plain(d.reason),
+                decided_at=d.decided_at,
+            )
+            for d in task.approval_decisions
+        ],
+        sent_message_id=task.sent_message_id,
+        readback_evidence=task.readback_evidence,
+        message_count=len(task.messages),
+        untrusted=UntrustedTaskFields(
+            title=untrusted_text(task.title),
+            original_subject=untrusted_text(task.original_subject),
+            sender=task.sender_identity,
+            sender_name=untrusted_text(task.sender_name),
+            attachment_names=shown_names(task.attachment_names),
+            content_flags=list(task.content_flags),
+        ),
+    )
+
+
+def _gate_view(task_id: str, draft_id: str, gate: GateResult) -> GateCheckView:
+    recipients = [
+        RecipientView(
+            address=r.address,
+            field=field,
+            recipient_class=r.recipient_class.value,
+            resolved=r.resolved,
+            evidence=list(r.evidence),
+        )
+        for field, group in (("to", gate.plan.to), ("cc", gate.plan.cc))
+        for r in group
+        if field in ("to", "cc")
+    ]
+    return GateCheckView(
+        task_id=task_id,
+        draft_id=draft_id,
+        ready=gate.ready,
+        communication=gate.communication.value,
+        approval_basis=gate.approval_basis,
+        recipients=recipients,
+        removed=[f"{r.address}: {r.reason}" for r in gate.plan.removed],
+        reasons=[
+            BlockingReasonView(
+                blocker=r.blocker.value, detail=r.detail, recipient=r.recipient, owner=r.owner
+            )
+            for r in gate.reasons
+        ],
+    )
+
+
+def _body(body: MessageBody) -> tuple[str, bool]:
+    text = body.text if body.text.strip() else (visible_text(body.html) if body.html else "")
+    text = shown_plain(text.replace("\r\n", "\n")).replace("[U+000A]", "\n")
+    return text[:MAX_BODY_CHARS], len(text) > MAX_BODY_CHARS
+
+
+def _message_view(plan: intake.Planned, body: MessageBody | None = None) -> UntrustedMessage | None:
+    envelope = plan.envelope
+    if envelope is None:
+        return None
+    text, truncated = _body(body) if body is not None else ("", False)
+    return UntrustedMessage(
+        sender=envelope.sender.address,
+        sender_name=untrusted_text(envelope.sender.name),
+        subject=untrusted_text(envelope.subject),
+        received_at=envelope.received_at,
+        body_text=text,
+        body_truncated=truncated,
+        attachment_names=shown_names(envelope.attachment_names),
+    )
+
+
+# -- the tools ----------------------------------------------------------------------------
+
+
+async def intake_tool(
+    mailbox_id: Annotated[
+        Address, Field(description="the mailbox to scan, as its context binds it")
+    ],
+    ctx: Context,
+) -> IntakeResult:
+    """Scan one mailbox: read every message, normalize it, resolve its workspace from the
+    registry, derive its occurrence key and record it in a new run's ledger. Call this first.
+    It claims nothing and creates no task: call claim for each returned item, oldest first,
+    then reconcile the run. Refuses a mailbox no registered workspace binds."""
+    rt = runtime_of(ctx)
+    store = rt.station.store
+    wanted = mailbox_id.strip().lower()
+    with mapped_errors():
+        bound = [
+            row.workspace_id
+            for row in store.list_workspaces()
+            if any(b.mailbox_id == wanted for b in registered_context(row).mailboxes)
+        ]
+        if not bound:
+            raise RegistryError(
+                f"no registered workspace binds mailbox {mailbox_id}; an operator registers it "
+                "with 'outloop workspace add --context FILE'"
+            )
+        items: list[IntakeItem] = []
+        runs: list[str] = []
+        access_errors: list[str] = []
+        stale = 0
+        for workspace_id in bound:
+            run = await intake.scan(
+                store=store,
+                data_dir=rt.station.data_dir,
+                workspace_id=workspace_id,
+                provider_for=rt.provider_for,
+                clock=rt.clock,
+                mailbox_ids=frozenset({wanted}),
+            )
+            rt.keep_run(run)
+            runs.append(run.run_id)
+            access_errors.extend(run.result.access_errors)
+            stale += len(run.result.reconciled_stale)
+            items.extend(
+                IntakeItem(
+                    run_id=run.run_id,
+                    item_ref=plan.ref,
+                    workspace_id=plan.owner,
+                    escalation_reason=shown_plain(plan.reason),
+                    untrusted=_message_view(plan),
+                )
+                for plan in run.planned
+            )
+    return IntakeResult(
+        mailbox_id=wanted,
+        run_id=runs[0],
+        run_ids=runs,
+        items=items,
+        access_errors=access_errors,
+        reconciled_stale_runs=stale,
+    )
+
+
+async def claim_tool(
+    run_id: Annotated[Id, Field(description="the run_id intake returned")],
+    item_ref: Annotated[Id, Field(description="an item_ref of that run")],
+    ctx: Context,
+) -> ClaimView:
+    """Claim one scanned item. Only the winner (outcome CLAIMED) creates or updates the one
+    task for the message's thread; the server triages it and records its disposition. The
+    result carries the message for the holder to work on, as untrusted data. Another
+    worker's claim gives EXECUTION_ALREADY_CLAIMED, a finished occurrence
+    EXECUTION_ALREADY_DONE: then do nothing for it. Claiming the same item again returns the
+    first answer."""
+    rt = runtime_of(ctx)
+    known = rt.claimed.get((run_id, item_ref))
+    if known is not None:
+        return known
+    run = rt.runs.get(run_id)
+    if run is None:
+        raise ToolError(
+            f"run {run_id} is not open in this server (it ran in another process, or the "
+            "server restarted); call intake again - the new run claims what this one did not"
+        )
+    index = run.index_of(item_ref)
+    if index is None:
+        raise ToolError(
+            f"run {run_id} scanned no item {item_ref!r}; use an item_ref intake returned"
+        )
+    with mapped_errors():
+        outcome = await intake.claim_item(run, index, rt.clock)
+        intake.flush(run, rt.clock)
+        if outcome is None:
+            raise ToolError(
+                f"handling item {item_ref} failed ({run.result.item_errors[-1]}); it stays "
+                "unreconciled in this run and a later run takes it over"
+            )
+        plan = run.item(index)
+        body: MessageBody | None = None
+        if outcome.task_id is not None and plan.envelope is not None:
+            provider = run.providers[plan.mailbox.mailbox_id]
+            body = await provider.fetch_body(plan.envelope.body_ref)
+    view = ClaimView(
+        run_id=run_id,
+        item_ref=item_ref,
+        outcome=outcome.claim.value if outcome.claim is not None else None,
+        disposition=outcome.disposition.value,
+        task_id=outcome.task_id,
+        task_created=outcome.task_created,
+        detail=shown_plain(outcome.detail),
+        message=_message_view(plan, body) if body is not None else None,
+    )
+    rt.claimed[(run_id, item_ref)] = view
+    return view
+
+
+async def get_task_tool(
+    task_id: Annotated[Id, Field(description="the task's id")], ctx: Context
+) -> TaskView:
+    """The task record: state, open gates with their owners, approval requests and the
+    server's verdicts on approvers' replies, what was sent and read back. Subjects, names and
+    attachment names are in `untrusted`."""
+    with mapped_errors():
+        return task_view(load_task(runtime_of(ctx).station.store, task_id))
+
+
+async def list_queue_tool(
+    workspace_id: Annotated[Id, Field(description="a registered workspace id")], ctx: Context
+) -> QueueView:
+    """The workspace's non-terminal tasks, oldest received first: the order to work them."""
+    store = runtime_of(ctx).station.store
+    with mapped_errors():
+        load_context(store, workspace_id)
+        return QueueView(
+            workspace_id=workspace_id, tasks=[task_view(t) for t in store.list_queue(workspace_id)]
+        )
+
+
+async def transition_task_tool(
+    task_id: Id,
+    state: Annotated[HostState, Field(description="the state the work has reached")],
+    evidence: Annotated[Evidence, Field(description="what shows the task is there")],
+    ctx: Context,
+) -> TaskView:
+    """Move a task along its work: TASK_RESOLVED, IN_DISCOVERY, EXECUTING, VERIFYING,
+    DRAFT_READY, WAITING_CLIENT, PARTIALLY_COMPLETED, BLOCKED_RETRY_PENDING or COMPLETED.
+    The transition table of the 14 states applies. Approval and send states are the
+    server's: request_approval, an approver's reply and send move the task there. Closing
+    is refused while a verified internal requester has had no result or status reply, or
+    while a gate is open. Moving to the state the task is already in changes nothing."""
+    rt = runtime_of(ctx)
+    target = TaskState(state)
+    with mapped_errors():
+        task = load_task(rt.station.store, task_id)
+        if task.state is target:
+            return task_view(task)
+        return task_view(closure.release(rt.station.store, task_id, target, evidence, rt.clock))
+
+
+async def request_approval_tool(
+    task_id: Id,
+    draft_id: Annotated[Id, Field(description="a draft_id render returned for this task")],
+    ctx: Context,
+    to: Annotated[
+        Recipients | None,
+        Field(description="the client recipients the draft is for (default: the task's sender)"),
+    ] = None,
+    cc: Annotated[Recipients, Field(description="client Cc recipients")] = [],  # noqa: B006
+) -> ApprovalView:
+    """Send the rendered draft to the workspace's recorded approvers as an internal email
+    linked to the task, and move the task (which must be DRAFT_READY) to
+    WAITING_INTERNAL_APPROVAL. The approval will cover exactly this draft to exactly these
+    recipients. An approver answers by replying to that email; intake takes the reply in."""
+    rt = runtime_of(ctx)
+    store = rt.station.store
+    with mapped_errors():
+        task = load_task(store, task_id)
+        _, rendered = drafts.load_draft(store, task_id, draft_id)
+        clients = (*(to if to is not None else [task.sender_identity]), *cc)
+        request = await approvals.request_approval(
+            store, rt.provider_for_task(task), task_id, draft_id, rendered, clients, rt.clock
+        )
+        task = load_task(store, task_id)
+    return ApprovalView(
+        task_id=task_id,
+        draft_id=draft_id,
+        request_message_id=request.internet_message_id,
+        approvers=list(request.approvers),
+        recipients=list(request.recipients),
+        finding="approval requested",
+        task_state=task.state.value,
+    )
+
+
+async def record_approval_tool(
+    task_id: Id,
+    ctx: Context,
+    reply_message_id: Annotated[
+        Id | None,
+        Field(description="the Message-ID of an approver's reply in this task's approval thread"),
+    ] = None,
+    standing_class: Annotated[
+        Id | None,
+        Field(description="the message class of a standing approval in the workspace context"),
+    ] = None,
+) -> ApprovalView:
+    """Point the server at approval evidence; the server judges it, not the caller. An
+    approver's reply counts only as the server judged it when intake took it in (approver
+    role from the live context, a direct reply to this task's request, explicit wording);
+    this returns that verdict. A standing approval covers exactly its message class and
+    moves a DRAFT_READY task to APPROVED_TO_SEND. Anything else is refused."""
+    rt = runtime_of(ctx)
+    with mapped_errors():
+        task, finding = approvals.record_approval(
+            rt.station.store,
+            task_id,
+            rt.clock,
+            message_id=reply_message_id,
+            standing_class=standing_class,
+        )
+    return ApprovalView(task_id=task_id, finding=shown_plain(finding), task_state=task.state.value)
+
+
+async def render_tool(
+    task_id: Id,
+    body_markdown: Annotated[
+        str, Field(min_length=1, max_length=drafts.MAX_DRAFT_CHARS, description="the reply")
+    ],
+    ctx: Context,
+    language: Annotated[
+        str | None,
+        Field(pattern=r"^[a-z]{2,3}(-[A-Za-z0-9]{2,8})?$", description="e.g. he or en"),
+    ] = None,
+) -> DraftView:
+    """Render a reply for the task: email-safe HTML and plain text with the right direction
+    (RTL/LTR) and lang, URLs, prices and ids isolated, the context's greeting and signature,
+    and the original thread's subject. Returns a draft_id: gate_check, request_approval and
+    send take it. Any change to the text is a new draft that no earlier approval covers."""
+    rt = runtime_of(ctx)
+    with mapped_errors():
+        record, rendered = drafts.render_draft(
+            rt.station.store, task_id, body_markdown, rt.clock, language=language
+        )
+    return DraftView(
+        task_id=task_id,
+        draft_id=record.draft_id,
+        digest=record.digest,
+        subject=rendered.subject,
+        language=rendered.language,
+        direction=rendered.direction.value,
+        html=rendered.html,
+        text=rendered.text,
+        warnings=list(rendered.warnings),
+    )
+
+
+async def gate_check_tool(
+    task_id: Id,
+    draft_id: Id,
+    to: Annotated[Recipients, Field(min_length=1)],
+    ctx: Context,
+    cc: Recipients = [],  # noqa: B006
+) -> GateCheckView:
+    """May this draft go to these recipients now? Returns each recipient's class with its
+    evidence, the approval basis when ready, or every blocking reason with who can clear it.
+    Classes and approval come from the workspace context and the task record only.
+    Read-only: it sends nothing."""
+    rt = runtime_of(ctx)
+    store = rt.station.store
+    with mapped_errors():
+        record, rendered = drafts.load_draft(store, task_id, draft_id)
+        gate = check_send(store, task_id, drafts.facts(record, rendered), to=to, cc=cc)
+    return _gate_view(task_id, draft_id, gate)
+
+
+async def send_tool(
+    task_id: Id,
+    draft_id: Id,
+    to: Annotated[Recipients, Field(min_length=1)],
+    ctx: Context,
+    cc: Recipients = [],  # noqa: B006
+) -> SendView:
+    """Send a rendered draft in the task's original thread, exactly once. The server runs
+    the gate again itself (recipients' classes, approval of exactly this draft and these
+    recipients, policy, preflight) and refuses with every reason when it is not satisfied.
+    The same draft to the same recipients is never sent twice. Then call read_back."""
+    rt = runtime_of(ctx)
+    store = rt.station.store
+    with mapped_errors():
+        task = load_task(store, task_id)
+        done = await replies.send_reply(
+            store,
+            rt.provider_for_task(task),
+            task_id,
+            draft_id,
+            to=to,
+            cc=cc,
+            clock=rt.clock,
+        )
+    to_addrs, cc_addrs = done.gate.plan.addresses()
+    result = done.outcome.result
+    record = done.outcome.record
+    return SendView(
+        send_id=record.key,
+        task_id=task_id,
+        status=done.outcome.status.value,
+        channel=result.channel if result else record.detail,
+        delivered=result.delivered if result else False,
+        internet_message_id=record.internet_message_id,
+        provider_message_id=record.provider_message_id,
+        provider_thread_id=result.provider_thread_id if result else None,
+        to=list(to_addrs),
+        cc=list(cc_addrs),
+        task_state=done.task.state.value,
+    )
+
+
+async def read_back_tool(
+    send_id: Annotated[str, Field(min_length=1, max_length=4000)], ctx: Context
+) -> ReadBackView:
+    """Fetch the provider's stored copy of a send and check it: recipients, subject, thread,
+    message id, direction, lang and isolated fragments. Every check is returned; the result
+    is recorded on the task. Report delivery only when every check passed."""
+    rt = runtime_of(ctx)
+    store = rt.station.store
+    with mapped_errors():
+        record = store.get_send(send_id)
+        if record is None or record.task_id is None:
+            raise RegistryError(f"no send {send_id!r}; read_back takes the send_id send returned")
+        provider = rt.provider_for_task(load_task(store, record.task_id))
+        found = await replies.read_back(store, provider, send_id, rt.clock)
+    return ReadBackView(
+        send_id=send_id,
+        ok=found.report.ok,
+        checks=[CheckView(name=c.name, ok=c.ok, detail=c.detail) for c in found.report.checks],
+        stored_provider_message_id=found.stored_provider_message_id,
+    )
+
+
+async def report_tool(
+    task_id: Id,
+    outcome: Annotated[Outcome, Field(description="where the work ended")],
+    evidence: Evidence,
+    ctx: Context,
+) -> TaskView:
+    """Report the end of the work on a task: completed, partially_completed, waiting_client
+    or blocked_retry_pending, with the evidence (what was done, what remains). Refused while
+    the transition table, an open gate or an unanswered internal requester forbids it."""
+    return await transition_task_tool(
+        task_id, cast(HostState, _OUTCOME_STATE[outcome].value), evidence, ctx
+    )
+
+
+async def reconcile_tool(run_id: Id, ctx: Context) -> ReconciliationView:
+    """Close a run: every scanned item has exactly one outcome (scanned = terminal +
+    non-terminal + claim-race); an item left without one is RECONCILIATION_FAILED and is
+    taken again by the next run. Then the reminders now due are sent."""
+    rt = runtime_of(ctx)
+    with mapped_errors():
+        run = rt.runs.get(run_id)
+        if run is not None:
+            result = await intake.finish(run, rt.clock)
+            rec, reminders = result.reconciliation, result.reminders
+        else:
+            if rt.station.store.run_summary(run_id) is None and run_id not in set(
+                rt.station.store.list_runs()
+            ):
+                raise RegistryError(f"no run {run_id}; reconcile takes a run_id intake returned")
+            rec, reminders = rt.station.store.reconcile(run_id, rt.clock.now()), []
+    assert rec is not None
+    return ReconciliationView(
+        run_id=run_id,
+        scanned=rec.scanned,
+        terminal=rec.terminal,
+        non_terminal=rec.non_terminal,
+        claim_race=rec.claim_race,
+        reconciliation_failed=rec.reconciliation_failed,
+        clean=rec.clean,
+        reminders=reminders,
+    )
+
+
+async def submit_learning_tool(
+    workspace_id: Id,
+    kind: Literal["new_contact", "contact_change", "rule", "other"],
+    summary: Annotated[str, Field(min_length=1, max_length=300)],
+    ctx: Context,
+    detail: Annotated[str, Field(max_length=5000)] = "",
+    evidence: Annotated[list[Id], Field(max_length=20, description="Message-IDs or task ids")] = [],  # noqa: B006
+) -> ProposalView:
+    """Propose a change to the workspace context (a new contact, a rule). It is queued for
+    an operator and never applied by this call: the context, its contacts and its policy
+    change only when an operator updates the context file."""
+    rt = runtime_of(ctx)
+    with mapped_errors():
+        proposal = learning.submit(
+            rt.station.store,
+            workspace_id,
+            kind=kind,
+            summary=summary,
+            detail=detail,
+            evidence=evidence,
+            clock=rt.clock,
+        )
+    return ProposalView(
+        proposal_id=proposal.proposal_id,
+        workspace_id=workspace_id,
+        state=proposal.state.value,
+        queued=proposal.created,
+    )
+
+
+async def access_status_tool(workspace_id: Id, ctx: Context) -> AccessView:
+    """Which access path each of the workspace's mailboxes uses now, and whether it is
+    healthy, with the reason when it is not."""
+    rt = runtime_of(ctx)
+    with mapped_errors():
+        context = load_context(rt.station.store, workspace_id)
+    out: list[MailboxAccess] = []
+    for binding in context.mailboxes:
+        try:
+            provider = rt.provider_for(binding)
+            health = await provider.health()
+        except Exception as exc:  # every failure is a finding here, not a crash
+            out.append(
+                MailboxAccess(
+                    mailbox_id=binding.mailbox_id,
+                    provider=binding.provider,
+                    path="none",
+                    ok=False,
+                    detail=f"{type(exc).__name__}: {exc}",
+                )
+            )
+            continue
+        out.append(
+            MailboxAccess(
+                mailbox_id=binding.mailbox_id,
+                provider=binding.provider,
+                path="embedded" if binding.provider == "maildir" else "api",
+                ok=health.ok,
+                detail=health.detail,
+            )
+        )
+    return AccessView(workspace_id=workspace_id, mailboxes=out)
+
+
+# -- registration -------------------------------------------------------------------------
+
+
+def _hints(hints: tuple[bool, bool, bool, bool]) -> ToolAnnotations:
+    read_only, destructive, idempotent, open_world = hints
+    return ToolAnnotations(
+        read_only_hint=read_only,
+        destructive_hint=destructive,
+        idempotent_hint=idempotent,
+        open_world_hint=open_world,
+    )
+
+
+#: Every tool with its hints, set explicitly (the SDK's defaults say destructive and open
+#: world): (read_only, destructive, idempotent, open_world).
+_TOOLS: tuple[tuple[str, Any, tuple[bool, bool, bool, bool]], ...] = (
+    ("intake", intake_tool, (False, False, False, True)),
+    ("claim", claim_tool, (False, False, True, True)),
+    ("get_task", get_task_tool, (True, False, True, False)),
+    ("list_queue", list_queue_tool, (True, False, True, False)),
+    ("transition_task", transition_task_tool, (False, False, True, False)),
+    ("request_approval", request_approval_tool, (False, False, False, True)),
+    ("record_approval", record_approval_tool, (False, False, True, False)),
+    ("render", render_tool, (False, False, True, False)),
+    ("gate_check", gate_check_tool, (True, False, True, False)),
+    ("send", send_tool, (False, True, True, True)),
+    ("read_back", read_back_tool, (False, False, True, True)),
+    ("report", report_tool, (False, False, True, False)),
+    ("reconcile", reconcile_tool, (False, False, True, False)),
+    ("submit_learning", submit_learning_tool, (False, False, True, False)),
+    ("access_status", access_status_tool, (True, False, True, True)),
+)
+
+
+def _strict(tool: Tool) -> Tool:
+    """Refuse arguments the schema does not name (the SDK ignores them by default)."""
+    base = tool.fn_metadata.arg_model
+    strict = type(
+        base.__name__,
+        (base,),
+        {
+            "model_config": ConfigDict(extra="forbid", arbitrary_types_allowed=True),
+            "__module__": base.__module__,
+        },
+    )
+    tool.fn_metadata.arg_model = strict
+    tool.parameters = strict.model_json_schema()
+    return tool
+
+
+def build_tools() -> list[Tool]:
+    return [
+        _strict(Tool.from_function(fn, name=name, annotations=_hints(hints)))
+        for name, fn, hints in _TOOLS
+    ]
