@@ -157,9 +157,11 @@ async def send_reply(
             }
         )
     else:
-        amendment = amendment.model_copy(
-            update={"communication_state": CommunicationState.INTERNAL_UPDATE_SENT}
-        )
+        update: dict[str, object] = {"communication_state": CommunicationState.INTERNAL_UPDATE_SENT}
+        if task.requester is not None and task.requester in (*to_addrs, *cc_addrs):
+            # The internal requester has their result or status reply: their loop is closed.
+            update["requester_loop_closed"] = True
+        amendment = amendment.model_copy(update=update)
     task = store.amend_task(task_id, amendment, now)
     return ReplyOutcome(gate=gate, outcome=outcome, task=task)
 

@@ -1,0 +1,80 @@
+"""The whole lifecycle as a host drives it, over any transport."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from mcp import Client
+
+from tests.mcp.conftest import APPROVER, CLIENT, MAILBOX, OperatorStation, call
+
+
+async def drive_lifecycle(
+    client: Client, station: OperatorStation, *, wall_clock: bool = False
+) -> dict[str, Any]:
+    """A client request from intake to a read-back reply; returns what each step gave.
+
+    ``wall_clock``: the server runs on the system clock (a subprocess), so the mail is
+    dated by it too.
+    """
+    if wall_clock:
+        station.clock.moment = datetime.now(UTC) - timedelta(minutes=1)
+    station.deliver(sender=CLIENT, sender_name="Dana Levi", body="Please send the Q4 quote.")
+    first = await call(client, "intake", mailbox_id=MAILBOX)
+    [item] = first["items"]
+    claimed = await call(client, "claim", run_id=first["run_id"], item_ref=item["item_ref"])
+    assert claimed["outcome"] == "CLAIMED" and claimed["task_created"]
+    task_id = claimed["task_id"]
+    for state in ("EXECUTING", "VERIFYING", "DRAFT_READY"):
+        await call(client, "transition_task", task_id=task_id, state=state, evidence="quote ready")
+    draft = await call(
+        client,
+        "render",
+        task_id=task_id,
+        body_markdown="The Q4 quote is **$1,200**.",
+        language="en",
+    )
+    pending = await call(
+        client, "gate_check", task_id=task_id, draft_id=draft["draft_id"], to=[CLIENT]
+    )
+    assert not pending["ready"]
+    requested = await call(client, "request_approval", task_id=task_id, draft_id=draft["draft_id"])
+    assert requested["task_state"] == "WAITING_INTERNAL_APPROVAL"
+    first_rec = await call(client, "reconcile", run_id=first["run_id"])
+    assert first_rec["clean"]
+
+    if wall_clock:
+        station.clock.moment = datetime.now(UTC) + timedelta(seconds=1)
+    else:
+        station.clock.advance(minutes=5)
+    station.deliver(
+        sender=APPROVER,
+        subject="Re: Approval needed",
+        body="Approved.",
+        in_reply_to=requested["request_message_id"],
+    )
+    second = await call(client, "intake", mailbox_id=MAILBOX)
+    outcomes = [
+        (await call(client, "claim", run_id=second["run_id"], item_ref=i["item_ref"]))["outcome"]
+        for i in second["items"]
+    ]
+    assert sorted(outcomes) == ["CLAIMED", "EXECUTION_ALREADY_DONE"]
+    task = await call(client, "get_task", task_id=task_id)
+    assert task["state"] == "APPROVED_TO_SEND"
+    ready = await call(
+        client, "gate_check", task_id=task_id, draft_id=draft["draft_id"], to=[CLIENT]
+    )
+    assert ready["ready"]
+    sent = await call(client, "send", task_id=task_id, draft_id=draft["draft_id"], to=[CLIENT])
+    assert sent["status"] == "sent" and sent["task_state"] == "CLIENT_REPLY_SENT"
+    assert sent["delivered"] is False  # a Maildir outbox copy is never a delivery
+    read = await call(client, "read_back", send_id=sent["send_id"])
+    assert read["ok"], read["checks"]
+    reported = await call(
+        client, "report", task_id=task_id, outcome="waiting_client", evidence="quote sent"
+    )
+    assert reported["state"] == "WAITING_CLIENT"
+    second_rec = await call(client, "reconcile", run_id=second["run_id"])
+    assert second_rec["clean"] and second_rec["scanned"] == 2
+    return {"task_id": task_id, "sent": sent, "read_back": read}
