@@ -20,7 +20,7 @@ from mcp import Client
 from mcp.client.stdio import StdioServerParameters
 from mcp.client.streamable_http import streamable_http_client
 
-from tests.mcp.conftest import MAILBOX, OperatorStation, call
+from tests.mcp.conftest import MAILBOX, OperatorStation
 from tests.mcp.lifecycle import drive_lifecycle
 
 pytestmark = pytest.mark.anyio
@@ -122,7 +122,7 @@ async def test_http_refuses_requests_without_the_token_or_with_a_wrong_one(
                 url, json=body, headers={**headers, "Authorization": "Bearer " + "x" * 43}
             )
         assert missing.status_code == 401 and wrong.status_code == 401
-        with anyio.fail_after(READY_TIMEOUT), pytest.raises(Exception):  # noqa: B017, PT011
+        with anyio.fail_after(READY_TIMEOUT), pytest.raises(Exception):  # noqa: B017
             async with _bearer(url, "not-" + token) as client:
                 await client.call_tool("intake", {"mailbox_id": MAILBOX})
         # Nothing ran: the refused calls started no run and created no task.
