@@ -477,6 +477,48 @@ def bench_render(seconds: float, as_json: bool) -> None:
         click.echo(f"{key:>16}  {value}")
 
 
+@bench.command("mcp")
+@click.option(
+    "--calls",
+    type=click.IntRange(min=10),
+    default=300,
+    show_default=True,
+    help="Calls measured per tool and transport (after a warm-up of a tenth of them).",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object as the last line.")
+def bench_mcp(calls: int, as_json: bool) -> None:
+    """p50/p99 latency of gate_check and get_task through the MCP server, in process and over
+    stdio, against the SDK's bare no-op tool on the same transport."""
+    from bench import mcp as mcp_bench  # noqa: PLC0415 - imports the MCP SDK
+    from mcp_server.runtime import Settings  # noqa: PLC0415
+    from mcp_server.server import build_server  # noqa: PLC0415
+
+    with tempfile.TemporaryDirectory(prefix="outloop-bench-mcp-") as scratch:
+        click.echo("measuring in process, then over stdio ...", err=True)
+        result = anyio.run(
+            lambda: mcp_bench.run(
+                lambda data: build_server(Settings(data_dir=data)),
+                [sys.executable, "-m", "mcp_server.cli", "serve"],
+                Path(scratch),
+                calls=calls,
+                warmup=max(5, calls // 10),
+            )
+        )
+    if as_json:
+        click.echo(json.dumps(result))
+        return
+    for transport in ("in_process", "stdio"):
+        click.echo(f"[{transport}]")
+        for tool, figures in result[transport].items():
+            shown = "  ".join(f"{k}={v}" for k, v in figures.items())
+            click.echo(f"  {tool:<12} {shown}")
+    click.echo(
+        f"worst p50 ratio to the no-op tool: {result['worst_p50_ratio']} "
+        f"(target {result['target_p50_ratio']}): "
+        + ("within target" if result["within_target"] else "OVER target")
+    )
+
+
 # -- serve ---------------------------------------------------------------------------------
 
 

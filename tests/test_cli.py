@@ -185,6 +185,8 @@ def test_the_command_tree_walk_finds_every_known_command() -> None:
         "bench",
         "bench claims",
         "bench reconcile",
+        "bench mcp",
+        "serve",
     } <= names
 
 
@@ -597,3 +599,20 @@ def test_workspace_show_writes_out_bidi_controls_and_shows_the_tasks_flags(
     [line] = [ln for ln in done.stdout.splitlines() if "gpj.exe" in ln]
     assert "⚠ Invoice [U+202E]gpj.exe" in line and "from ⚠ Dana [U+202E]iveL" in line
     assert "⚠ sender display name: bidi control characters [U+202E]" in done.stdout
+
+
+def test_bench_mcp_reports_gate_check_and_get_task_against_the_no_op_tool_on_both_transports(
+    cli: Cli,
+) -> None:
+    done = cli("bench", "mcp", "--calls", "20", "--json", timeout=BENCH_TIMEOUT)
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout.splitlines()[-1])
+    assert {"bench", "rate_per_s", "baseline_per_s", "ratio", "p50_ms", "p99_ms"} <= set(result)
+    assert result["bench"] == "mcp"
+    for transport in ("in_process", "stdio"):
+        figures = result[transport]
+        assert set(figures) == {"noop", "get_task", "gate_check"}
+        for tool in ("get_task", "gate_check"):
+            assert figures[tool]["p50_ms"] <= figures[tool]["p99_ms"]
+            assert figures[tool]["ratio_p50_to_noop"] > 0
+    assert result["within_target"] == (result["worst_p50_ratio"] <= result["target_p50_ratio"])

@@ -6,6 +6,7 @@ Context file; the registry keeps a copy beside it, and every run re-reads that c
 
 from __future__ import annotations
 
+import functools
 import hashlib
 from dataclasses import dataclass
 from datetime import datetime
@@ -155,9 +156,17 @@ def registered_context(row: WorkspaceRow) -> WorkspaceContext:
     """The context the registry holds: the text stored with the row (the same on every
     machine sharing the store), else the data directory's copy for older rows."""
     if row.context_text is not None:
-        return parse_context(row.context_text, source=f"registered context of {row.workspace_id}")
+        return _parsed(row.context_text, row.workspace_id)
     context, _ = read_context_file(Path(row.context_path))
     return context
+
+
+@functools.lru_cache(maxsize=256)
+def _parsed(text: str, workspace_id: str) -> WorkspaceContext:
+    """A registered context, parsed once per text: the row is still read on every call, so
+    an update takes effect at once, and the parsed context is immutable, so sharing it is
+    safe."""
+    return parse_context(text, source=f"registered context of {workspace_id}")
 
 
 def candidates(store: Store, provider: str, mailbox_id: str) -> list[Candidate]:
