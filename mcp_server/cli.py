@@ -154,12 +154,14 @@ def workspace_show(workspace_id: str | None, as_json: bool, data_dir: Path | Non
             return
         context = workspaces.load_context(station.store, workspace_id)
         queue = station.store.list_queue(workspace_id)
+        proposals = station.store.list_proposals(workspace_id)
         if as_json:
             click.echo(
                 json.dumps(
                     {
                         "context": context.model_dump(mode="json", by_alias=True),
                         "queue": [t.model_dump(mode="json") for t in queue],
+                        "learning_proposals": [p.model_dump(mode="json") for p in proposals],
                     },
                     indent=2,
                     ensure_ascii=False,
@@ -182,6 +184,17 @@ def workspace_show(workspace_id: str | None, as_json: bool, data_dir: Path | Non
             )
             for warning in task.content_flags:
                 click.echo(f"      ⚠ {warning}")
+        queued = [p for p in proposals if p.state.value == "queued"]
+        if queued:
+            # An agent wrote these while reading client mail: shown, never applied.
+            click.echo(
+                f"  learning proposals: {len(queued)} queued (agent-written; apply one by "
+                "editing the context file and running 'outloop workspace update')"
+            )
+            for proposal in queued:
+                click.echo(
+                    f"    {proposal.proposal_id} [{proposal.kind}] {flag(proposal.summary).shown}"
+                )
     except OutloopError as exc:
         _fail(exc)
     finally:

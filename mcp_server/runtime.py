@@ -26,7 +26,7 @@ from agent.domain.errors import (
 from agent.domain.task import Task
 from agent.ports import Clock, MailProvider
 from agent.services.intake import ProviderFactory, Scan
-from agent.services.replies import SendRefused
+from agent.services.replies import AlreadySent, SendRefused
 from agent.services.workspaces import load_context
 from mcp_server.composition import Station
 from mcp_server.models import ClaimView
@@ -79,9 +79,12 @@ class Runtime:
 
 
 def refusal(
-    message: str, kind: str, reasons: list[dict[str, str | None]] | None = None
+    message: str,
+    kind: str,
+    reasons: list[dict[str, str | None]] | None = None,
+    **extra: str,
 ) -> MCPError:
-    return MCPError(REFUSED, message, {"refused": kind, "reasons": reasons or []})
+    return MCPError(REFUSED, message, {"refused": kind, "reasons": reasons or [], **extra})
 
 
 @contextmanager
@@ -98,6 +101,13 @@ def mapped_errors() -> Generator[None]:
                 {"blocker": r.blocker.value, "detail": r.detail, "recipient": r.recipient}
                 for r in exc.gate.reasons
             ],
+        ) from exc
+    except AlreadySent as exc:
+        raise refusal(
+            str(exc),
+            "already_sent",
+            send_id=exc.send.key,
+            internet_message_id=exc.send.internet_message_id,
         ) from exc
     except GateRefused as exc:
         raise refusal(str(exc), "policy") from exc

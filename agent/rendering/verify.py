@@ -291,7 +291,8 @@ def _verify_html(rendered: RenderedMessage, html: str) -> list[Check]:
             detail=_first_difference(expected_text, got_text),
         )
     )
-    return checks
+    # A passing check carries no detail: its detail text describes a failure.
+    return [c if not c.ok else c.model_copy(update={"detail": ""}) for c in checks]
 
 
 def _rendered_text(rendered: RenderedMessage) -> str:

@@ -4,7 +4,8 @@ and the provider's stored copy is read back and checked.
 The gate runs here, inside the server, on every send: what the caller says about recipients'
 classes or approval is never evidence. A send is ledgered before the provider is asked, so a
 retry of the same draft to the same recipients finds its ledger entry (and, after a crash,
-the provider's sent copy) instead of sending again.
+the provider's sent copy) instead of sending again; once it went out, a repeat is refused
+with the send_id it went out as.
 """
 
 from __future__ import annotations
@@ -37,6 +38,18 @@ class SendRefused(GateRefused):
     def __init__(self, gate: GateResult) -> None:
         super().__init__(f"the send is refused: {gate.summary()}")
         self.gate = gate
+
+
+class AlreadySent(GateRefused):
+    """This draft already went to these recipients; ``send`` is that send."""
+
+    def __init__(self, send: SendRecord) -> None:
+        super().__init__(
+            f"this draft already went to {', '.join(send.recipients)} as send {send.key} "
+            f"(Message-ID {send.internet_message_id}); a draft is never sent twice: "
+            "read_back that send_id to check it"
+        )
+        self.send = send
 
 
 @dataclass(frozen=True)
@@ -117,6 +130,9 @@ async def send_reply(
     record, rendered = load_draft(store, task_id, draft_id)
     gate = check_send(store, task_id, facts(record, rendered), to=to, cc=cc)
     if not gate.ready:
+        done = store.get_send(reply_key(draft_id, *gate.plan.addresses()))
+        if done is not None and done.state is SendState.SENT:
+            raise AlreadySent(done)
         raise SendRefused(gate)
     client = gate.communication is Communication.CLIENT_FACING
     if client and task.state is TaskState.DRAFT_READY:
