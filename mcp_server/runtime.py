@@ -59,9 +59,13 @@ class Runtime:
     def keep_run(self, run: Scan) -> None:
         self.runs[run.run_id] = run
         while len(self.runs) > MAX_RUNS:
-            old, _ = self.runs.popitem(last=False)
-            for key in [k for k in self.claimed if k[0] == old]:
-                del self.claimed[key]
+            self.forget_run(next(iter(self.runs)))
+
+    def forget_run(self, run_id: str) -> None:
+        """Drop a reconciled (or too old) run: its ledger in the store is the record."""
+        self.runs.pop(run_id, None)
+        for key in [k for k in self.claimed if k[0] == run_id]:
+            del self.claimed[key]
 
     def binding(self, context: WorkspaceContext, mailbox_id: str) -> MailboxBinding:
         for binding in context.mailboxes:

@@ -12,7 +12,7 @@ from mcp.server.mcpserver.tools import Tool
 from mcp.types import ToolAnnotations
 from pydantic import ConfigDict, Field
 
-from agent.domain.errors import RegistryError
+from agent.domain.errors import ContextError, RegistryError
 from agent.domain.gates import GateResult
 from agent.domain.mail import MessageBody
 from agent.domain.states import TaskState
@@ -214,11 +214,14 @@ async def intake_tool(
     store = rt.station.store
     wanted = mailbox_id.strip().lower()
     with mapped_errors():
-        bound = [
-            row.workspace_id
-            for row in store.list_workspaces()
-            if any(b.mailbox_id == wanted for b in registered_context(row).mailboxes)
-        ]
+        bound: list[str] = []
+        for row in store.list_workspaces():
+            try:
+                context = registered_context(row)
+            except ContextError:
+                continue  # an unreadable registration binds nothing; its own runs say why
+            if any(b.mailbox_id == wanted for b in context.mailboxes):
+                bound.append(row.workspace_id)
         if not bound:
             raise RegistryError(
                 f"no registered workspace binds mailbox {mailbox_id}; an operator registers it "
@@ -279,8 +282,9 @@ async def claim_tool(
     run = rt.runs.get(run_id)
     if run is None:
         raise ToolError(
-            f"run {run_id} is not open in this server (it ran in another process, or the "
-            "server restarted); call intake again - the new run claims what this one did not"
+            f"run {run_id} is not open in this server (it was reconciled, ran in another "
+            "process, or the server restarted); call intake again - the new run claims what "
+            "this one did not"
         )
     index = run.index_of(item_ref)
     if index is None:
@@ -560,6 +564,7 @@ async def reconcile_tool(run_id: Id, ctx: Context) -> ReconciliationView:
         run = rt.runs.get(run_id)
         if run is not None:
             result = await intake.finish(run, rt.clock)
+            rt.forget_run(run_id)
             rec, reminders = result.reconciliation, result.reminders
         else:
             if rt.station.store.run_summary(run_id) is None and run_id not in set(
