@@ -152,7 +152,9 @@ class DraftView(_Out):
     task_id: str
     draft_id: str
     digest: str
-    subject: str
+    subject: UntrustedText = Field(
+        description="the thread's subject with 'Re: ': the sender wrote it (untrusted)"
+    )
     language: str
     direction: str
     html: str

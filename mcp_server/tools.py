@@ -411,8 +411,9 @@ async def record_approval_tool(
     """Point the server at approval evidence; the server judges it, not the caller. An
     approver's reply counts only as the server judged it when intake took it in (approver
     role from the live context, a direct reply to this task's request, explicit wording);
-    this returns that verdict. A standing approval covers exactly its message class and
-    moves a DRAFT_READY task to APPROVED_TO_SEND. Anything else is refused."""
+    this returns that verdict. A standing approval covers a task the server classified in
+    exactly its message class (a caller cannot declare the class) and moves it from
+    DRAFT_READY to APPROVED_TO_SEND. Anything else is refused."""
     rt = runtime_of(ctx)
     with mapped_errors():
         task, finding = approvals.record_approval(
@@ -449,7 +450,7 @@ async def render_tool(
         task_id=task_id,
         draft_id=record.draft_id,
         digest=record.digest,
-        subject=rendered.subject,
+        subject=untrusted_text(rendered.subject),
         language=rendered.language,
         direction=rendered.direction.value,
         html=rendered.html,

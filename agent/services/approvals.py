@@ -248,8 +248,9 @@ def record_approval(
     every such reply when it takes it in (approver role from the live context, the same task
     and draft, explicit wording), so the decision is looked up on the task: a message that
     is not there - not yet taken in, or another task's - approves nothing.
-    ``standing_class`` names a standing approval of the live context; it covers a draft of
-    exactly that message class, and moves a DRAFT_READY task to APPROVED_TO_SEND.
+    ``standing_class`` names a standing approval of the live context; it covers a task whose
+    message class the server recorded as exactly that class (never a class the caller
+    declares), and moves it from DRAFT_READY to APPROVED_TO_SEND.
     """
     if (message_id is None) == (standing_class is None):
         raise GateRefused(
@@ -275,6 +276,12 @@ def record_approval(
             f"the workspace context records no standing approval for message class "
             f"{standing_class!r}; request internal approval instead"
         )
+    if task.message_class != standing_class:
+        raise GateRefused(
+            f"task {task_id} is not of message class {standing_class!r} in the server's "
+            f"records (it is {task.message_class or 'unclassified'}); a caller cannot declare "
+            "a class that a standing approval covers: request internal approval instead"
+        )
     if task.state is not TaskState.DRAFT_READY:
         raise GateRefused(
             f"task {task_id} is {task.state}; a standing approval applies to a task in "
@@ -291,7 +298,6 @@ def record_approval(
             event=f"approved to send: {basis}",
             expect_states=(TaskState.DRAFT_READY,),
             state=TaskState.APPROVED_TO_SEND,
-            message_class=standing_class,
         ),
         clock.now(),
     )

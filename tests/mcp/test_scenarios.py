@@ -631,7 +631,7 @@ async def test_scenario_06_an_approved_client_reply_stays_in_the_original_thread
             body_markdown="Dear Dana, the Q4 licence quote is attached to INV-2026-118.",
             language="en",
         )
-        assert reply["subject"] == "Re: Quote request"
+        assert reply["subject"] == {"text": "Re: Quote request", "flags": []}
         approval = await call(
             client, "request_approval", task_id=task_id, draft_id=reply["draft_id"]
         )
@@ -716,7 +716,7 @@ async def test_scenario_07_hebrew_rtl_and_english_ltr_survive_stored_copy_read_b
         hebrew, english = drafts[hebrew_task], drafts[english_task]
         assert (hebrew["direction"], hebrew["language"]) == ("rtl", "he")
         assert (english["direction"], english["language"]) == ("ltr", "en")
-        assert hebrew["subject"] == "Re: בקשת הצעת מחיר"
+        assert hebrew["subject"] == {"text": "Re: בקשת הצעת מחיר", "flags": []}
         assert set(HEBREW_FRAGMENTS) <= ltr_isolated(hebrew["html"])
 
         await approve_by_reply(station, client, requests)
