@@ -16,6 +16,7 @@ from agent.domain.context import MailboxBinding, WorkspaceContext
 from agent.domain.errors import (
     ContextError,
     GateRefused,
+    InvalidRequest,
     OutloopError,
     ProviderError,
     RegistryError,
@@ -117,7 +118,7 @@ def mapped_errors() -> Generator[None]:
         raise refusal(str(exc), "policy") from exc
     except TransitionError as exc:
         raise refusal(str(exc), "task_state") from exc
-    except (RegistryError, ContextError, UnknownStateError) as exc:
+    except (RegistryError, ContextError, UnknownStateError, InvalidRequest) as exc:
         raise ToolError(str(exc)) from exc
     except ProviderError as exc:
         raise ToolError(

@@ -44,6 +44,7 @@ from mcp_server.models import (
     TaskView,
     UntrustedMessage,
     UntrustedTaskFields,
+    UntrustedText,
     shown_names,
     shown_plain,
     untrusted_text,
@@ -87,6 +88,12 @@ def runtime_of(ctx: Context) -> Runtime:
 
 
 # -- views --------------------------------------------------------------------------------
+
+
+def _stored_text(shown: str, prefix: str, task: Task) -> UntrustedText:
+    """A display field the task keeps in its shown form, with the flags intake recorded."""
+    flags = [f.removeprefix(prefix) for f in task.content_flags if f.startswith(prefix)]
+    return UntrustedText(text=shown, flags=flags)
 
 
 def task_view(task: Task) -> TaskView:
@@ -138,8 +145,10 @@ def task_view(task: Task) -> TaskView:
             title=untrusted_text(task.title),
             original_subject=untrusted_text(task.original_subject),
             sender=task.sender_identity,
-            sender_name=untrusted_text(task.sender_name),
-            attachment_names=shown_names(task.attachment_names),
+            sender_name=_stored_text(task.sender_name, "sender display name: ", task),
+            attachment_names=[
+                _stored_text(name, f"attachment {name}: ", task) for name in task.attachment_names
+            ],
             content_flags=list(task.content_flags),
         ),
     )
@@ -473,6 +482,7 @@ async def gate_check_tool(
     rt = runtime_of(ctx)
     store = rt.station.store
     with mapped_errors():
+        load_task(store, task_id)
         record, rendered = drafts.load_draft(store, task_id, draft_id)
         gate = check_send(store, task_id, drafts.facts(record, rendered), to=to, cc=cc)
     return _gate_view(task_id, draft_id, gate)

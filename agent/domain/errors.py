@@ -52,3 +52,7 @@ class ProviderError(OutloopError):
 
 class GateRefused(OutloopError):
     """A send the gate does not allow now; the message lists every blocking reason."""
+
+
+class InvalidRequest(OutloopError):
+    """The request itself is malformed in a way its caller can fix (not a refusal)."""

@@ -24,7 +24,7 @@ from agent.domain.automation import SendKind
 from agent.domain.context import WorkspaceContext
 from agent.domain.dispositions import GateKind
 from agent.domain.envelope import Envelope
-from agent.domain.errors import GateRefused
+from agent.domain.errors import GateRefused, InvalidRequest
 from agent.domain.gates import draft_digest, preflight
 from agent.domain.recipients import build_recipients
 from agent.domain.records import TaskAmendment
@@ -253,7 +253,7 @@ def record_approval(
     declares), and moves it from DRAFT_READY to APPROVED_TO_SEND.
     """
     if (message_id is None) == (standing_class is None):
-        raise GateRefused(
+        raise InvalidRequest(
             "give exactly one piece of evidence: the Message-ID of an approver's reply, or the "
             "message class of a standing approval"
         )

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import hashlib
 
-from agent.domain.errors import GateRefused, RegistryError
+from agent.domain.errors import GateRefused, InvalidRequest, RegistryError
 from agent.domain.gates import DraftFacts, draft_digest
 from agent.domain.records import DraftRecord
 from agent.domain.states import TERMINAL_STATES
@@ -33,12 +33,12 @@ def render_draft(
 ) -> tuple[DraftRecord, RenderedMessage]:
     """Render a reply for the task in its original thread's subject and keep it."""
     if len(body_markdown) > MAX_DRAFT_CHARS:
-        raise GateRefused(
+        raise InvalidRequest(
             f"the draft is {len(body_markdown)} characters; the limit is {MAX_DRAFT_CHARS}: "
             "send a shorter reply and attach long material"
         )
     if not body_markdown.strip():
-        raise GateRefused("the draft is empty; write the reply's body in Markdown")
+        raise InvalidRequest("the draft is empty; write the reply's body in Markdown")
     task = load_task(store, task_id)
     if task.state in TERMINAL_STATES:
         raise GateRefused(f"task {task_id} is {task.state}; a closed task gets no new draft")

@@ -1080,14 +1080,14 @@ async def test_a_standing_approval_the_context_does_not_record_is_refused(
             client, "record_approval", task_id=task_id, standing_class="delivery_confirmation"
         )
         assert "no standing approval" in data["message"]
-        data = await refused(
+        text = await tool_error(
             client,
             "record_approval",
             task_id=task_id,
             standing_class="delivery_confirmation",
             reply_message_id="<x@fabrikam.test>",
         )
-        assert "exactly one" in data["message"]
+        assert "exactly one" in text
         await refused(client, "send", task_id=task_id, draft_id=draft_id, to=[CLIENT])
         assert await snapshot(station, client, task_id) == before
 
