@@ -14,7 +14,7 @@ from mcp.server import MCPServer
 from mcp.server.auth.provider import TokenVerifier
 from mcp.server.auth.settings import AuthSettings
 from mcp.server.mcpserver import Context
-from mcp.server.mcpserver.exceptions import ResourceError
+from mcp.shared.exceptions import MCPError
 
 from agent.domain.errors import OutloopError
 from agent.ports import Clock
@@ -27,6 +27,8 @@ from mcp_server.runtime import Runtime, Settings
 from mcp_server.tools import build_tools, runtime_of, task_view
 
 NAME = "outloop"
+RESOURCE_NOT_FOUND = -32002
+"""The JSON-RPC error code MCP gives a resource that does not exist."""
 
 INSTRUCTIONS = """\
 Outloop runs the email lifecycle of client workspaces. Read the resource
@@ -109,7 +111,7 @@ def build_server(
         try:
             return _redacted_context(runtime_of(ctx), workspace_id)
         except OutloopError as exc:
-            raise ResourceError(str(exc)) from exc
+            raise MCPError(RESOURCE_NOT_FOUND, str(exc)) from exc
 
     @server.resource(
         "outloop://tasks/{task_id}",
@@ -121,7 +123,7 @@ def build_server(
         try:
             task = load_task(runtime_of(ctx).station.store, task_id)
         except OutloopError as exc:
-            raise ResourceError(str(exc)) from exc
+            raise MCPError(RESOURCE_NOT_FOUND, str(exc)) from exc
         return task_view(task).model_dump_json(indent=2)
 
     @server.prompt(

@@ -15,6 +15,7 @@ from mcp.shared.exceptions import MCPError
 from mcp.types import CallToolResult
 
 from mcp_server.runtime import REFUSED
+from mcp_server.server import RESOURCE_NOT_FOUND
 from tests.mcp.conftest import (
     APPROVER,
     CLIENT,
@@ -852,6 +853,8 @@ async def test_an_unknown_resource_is_an_error_naming_it_and_changes_nothing(
         after = await still_answers(client, s.task_id)
     assert says in caught.value.message.lower()
     assert caught.value.code != REFUSED
+    if uri.startswith(("outloop://tasks/", "outloop://workspaces/ws-nope")):
+        assert caught.value.code == RESOURCE_NOT_FOUND
     assert after == seen
     assert snapshot(station, s.task_id) == before
 
