@@ -160,6 +160,9 @@ class DraftView(_Out):
     html: str
     text: str
     warnings: list[str]
+    drafted_by: Literal["caller", "host_model"] = Field(
+        default="caller", description="host_model: the body came from the host's model"
+    )
 
 
 class BlockingReasonView(_Out):

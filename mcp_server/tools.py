@@ -6,10 +6,10 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal, cast
 
-from mcp.server.mcpserver import Context
+from mcp.server.mcpserver import Context, Resolve, Sample
 from mcp.server.mcpserver.exceptions import ToolError
 from mcp.server.mcpserver.tools import Tool
-from mcp.types import ToolAnnotations
+from mcp.types import CreateMessageResult, SamplingMessage, TextContent, ToolAnnotations
 from pydantic import ConfigDict, Field
 
 from agent.domain.errors import ContextError, RegistryError
@@ -435,22 +435,78 @@ async def record_approval_tool(
     return ApprovalView(task_id=task_id, finding=shown_plain(finding), task_state=task.state.value)
 
 
+Language = Annotated[
+    str | None,
+    Field(pattern=r"^[a-z]{2,3}(-[A-Za-z0-9]{2,8})?$", description="e.g. he or en"),
+]
+Guidance = Annotated[
+    str,
+    Field(
+        max_length=4000,
+        description="without body_markdown: what the reply must say (facts from your work)",
+    ),
+]
+
+
+async def _ask_host_model(
+    task_id: str,
+    body_markdown: str | None,
+    guidance: str,
+    language: str | None,
+    ctx: Context,
+) -> Sample | None:
+    """Without a body, ask the host's own model for one through MCP sampling (when the host
+    offers it); the email being answered is passed as marked, untrusted data."""
+    if body_markdown is not None:
+        return None
+    capabilities = ctx.client_capabilities
+    if capabilities is None or capabilities.sampling is None:
+        raise ToolError(
+            "this host offers no sampling, so the server cannot draft with its model: write "
+            "the reply yourself and pass it as body_markdown"
+        )
+    rt = runtime_of(ctx)
+    with mapped_errors():
+        task = load_task(rt.station.store, task_id)
+        request = await drafts.draft_request(
+            rt.station.store, rt.provider_for_task(task), task_id, guidance, language
+        )
+    return Sample(
+        [SamplingMessage(role="user", content=TextContent(type="text", text=request.user))],
+        max_tokens=1500,
+        system_prompt=request.system,
+        include_context="none",
+    )
+
+
 async def render_tool(
     task_id: Id,
-    body_markdown: Annotated[
-        str, Field(min_length=1, max_length=drafts.MAX_DRAFT_CHARS, description="the reply")
-    ],
     ctx: Context,
-    language: Annotated[
+    body_markdown: Annotated[
         str | None,
-        Field(pattern=r"^[a-z]{2,3}(-[A-Za-z0-9]{2,8})?$", description="e.g. he or en"),
+        Field(
+            min_length=1,
+            max_length=drafts.MAX_DRAFT_CHARS,
+            description="the reply's body in Markdown; leave it out to have the host's model "
+            "draft it through sampling",
+        ),
     ] = None,
+    language: Language = None,
+    guidance: Guidance = "",
+    sampled: Annotated[CreateMessageResult | None, Resolve(_ask_host_model)] = None,
 ) -> DraftView:
     """Render a reply for the task: email-safe HTML and plain text with the right direction
     (RTL/LTR) and lang, URLs, prices and ids isolated, the context's greeting and signature,
     and the original thread's subject. Returns a draft_id: gate_check, request_approval and
-    send take it. Any change to the text is a new draft that no earlier approval covers."""
+    send take it. Any change to the text is a new draft that no earlier approval covers.
+    Without body_markdown, the server asks your host's model (MCP sampling) for the body,
+    following `guidance`; hosts without sampling must write the body."""
     rt = runtime_of(ctx)
+    drafted_by: Literal["caller", "host_model"] = "caller"
+    if body_markdown is None:
+        if sampled is None or not isinstance(sampled.content, TextContent):
+            raise ToolError("the host's model returned no text; write body_markdown yourself")
+        body_markdown, drafted_by = sampled.content.text, "host_model"
     with mapped_errors():
         record, rendered = drafts.render_draft(
             rt.station.store, task_id, body_markdown, rt.clock, language=language
@@ -465,6 +521,7 @@ async def render_tool(
         html=rendered.html,
         text=rendered.text,
         warnings=list(rendered.warnings),
+        drafted_by=drafted_by,
     )
 
 

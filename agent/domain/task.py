@@ -131,6 +131,8 @@ class MessageRef(BaseModel):
     direction: str = "inbound"
     received_at: datetime
     sender: str
+    body_ref: str | None = None
+    """Where the provider keeps the body (None for sent messages and older records)."""
 
 
 class Task(BaseModel):

@@ -40,6 +40,7 @@ def task_draft(
             internet_message_id=envelope.internet_message_id,
             received_at=envelope.received_at,
             sender=envelope.sender.address,
+            body_ref=envelope.body_ref,
         ),
         sender_identity=envelope.sender.address,
         sender_side=sender_contact.side.value if sender_contact and sender_contact.side else None,
