@@ -740,7 +740,7 @@ _TOOLS: tuple[tuple[str, Any, tuple[bool, bool, bool, bool]], ...] = (
     ("transition_task", transition_task_tool, (False, False, True, False)),
     ("request_approval", request_approval_tool, (False, False, False, True)),
     ("record_approval", record_approval_tool, (False, False, True, False)),
-    ("render", render_tool, (False, False, True, False)),
+    ("render", render_tool, (False, False, False, False)),  # a sampled body varies
     ("gate_check", gate_check_tool, (True, False, True, False)),
     ("send", send_tool, (False, True, True, True)),
     ("read_back", read_back_tool, (False, False, True, True)),
