@@ -3,6 +3,8 @@ file binds a local Maildir, exactly as ``outloop workspace add`` leaves it."""
 
 from __future__ import annotations
 
+import email
+import email.policy
 import mailbox
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -11,16 +13,18 @@ from email.message import EmailMessage
 from email.policy import SMTP
 from email.utils import format_datetime, make_msgid
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import pytest
 from mcp import Client
+from mcp.shared.exceptions import MCPError
 from mcp.types import CallToolResult
 
+from agent.providers.maildir import SENT_FOLDER
 from agent.services import workspaces
 from agent.storage.sqlite import SqliteStore
 from agent.testing import FrozenClock
-from mcp_server.runtime import Settings
+from mcp_server.runtime import REFUSED, Settings
 from mcp_server.server import build_server
 from tests.conftest import context_yaml
 
@@ -29,6 +33,9 @@ CLIENT = "dana.levi@contoso.test"
 APPROVER = "noa.bar@fabrikam.test"
 COLLEAGUE = "eli.tal@fabrikam.test"
 STRANGER = "mallory@evil.test"
+
+REFUSAL_KINDS = {"gate", "policy", "task_state", "already_sent"}
+"""Every kind of refusal the server gives (``data["refused"]``)."""
 
 COLLEAGUE_LINE = (
     "  - {address: eli.tal@fabrikam.test, name: Eli Tal, side: internal, roles: [analyst],"
@@ -138,3 +145,100 @@ async def tool_error(client: Client, tool: str, **arguments: Any) -> str:
     text = result.content[0]
     assert text.type == "text"
     return text.text
+
+
+async def refused(client: Client, tool: str, **arguments: Any) -> MCPError:
+    """Call a tool that the server must refuse (JSON-RPC error -32010) saying why, with the
+    refusal's kind in its data; the error."""
+    with pytest.raises(MCPError) as raised:
+        await client.call_tool(tool, arguments)
+    error = raised.value
+    assert error.code == REFUSED, error.message
+    assert error.message, "a refusal says why"
+    assert isinstance(error.data, dict)
+    assert error.data["refused"] in REFUSAL_KINDS, error.data
+    return error
+
+
+# -- the lifecycle, as a host drives it ------------------------------------------------------
+
+
+class Intake(NamedTuple):
+    """One intake of a mailbox, and the claim of each of its items in the order given."""
+
+    scanned: dict[str, Any]
+    claims: list[dict[str, Any]]
+
+
+async def intake_and_claim(client: Client, mailbox_id: str = MAILBOX) -> Intake:
+    """One intake of the mailbox (the station's own unless named), then a claim of each item
+    in the order given."""
+    scanned = await call(client, "intake", mailbox_id=mailbox_id)
+    claims = [
+        await call(client, "claim", run_id=item["run_id"], item_ref=item["item_ref"])
+        for item in scanned["items"]
+    ]
+    return Intake(scanned, claims)
+
+
+async def reconcile_all(client: Client, scanned: dict[str, Any]) -> list[dict[str, Any]]:
+    """Reconcile every run an intake opened; each run's figures."""
+    return [await call(client, "reconcile", run_id=run_id) for run_id in scanned["run_ids"]]
+
+
+async def to_draft_ready(client: Client, task_id: str) -> dict[str, Any]:
+    """Work a task through EXECUTING and VERIFYING to DRAFT_READY, each move confirmed; the
+    task as DRAFT_READY."""
+    task: dict[str, Any] = {}
+    for state in ("EXECUTING", "VERIFYING", "DRAFT_READY"):
+        task = await call(
+            client, "transition_task", task_id=task_id, state=state, evidence=f"work {state}"
+        )
+        assert task["state"] == state
+    return task
+
+
+async def approve_by_reply(
+    station: OperatorStation, client: Client, requests: list[dict[str, Any]]
+) -> dict[str, str]:
+    """The approver answers each approval request (request_approval's answer) by replying
+    'Approved.' to it; intake takes the replies in and the server judges them. Returns each
+    task's reply Message-ID."""
+    station.clock.advance(minutes=5)
+    replies = {
+        request["task_id"]: station.deliver(
+            sender=APPROVER,
+            subject="Re: Approval needed",
+            body="Approved.",
+            in_reply_to=request["request_message_id"],
+        )
+        for request in requests
+    }
+    scanned, claims = await intake_and_claim(client)
+    judged = {c["task_id"]: c for c in claims if c["outcome"] == "CLAIMED"}
+    assert set(judged) == set(replies), claims
+    for claim in judged.values():
+        assert claim["task_created"] is False  # the reply joins the task it approves
+        assert f"approved by {APPROVER}" in claim["detail"]
+    assert {c["outcome"] for c in claims if c["task_id"] is None} <= {"EXECUTION_ALREADY_DONE"}
+    for reconciliation in await reconcile_all(client, scanned):
+        assert reconciliation["clean"], reconciliation
+    return replies
+
+
+# -- the Maildir outbox ------------------------------------------------------------------------
+
+
+def sent_messages(maildir: Path) -> list[EmailMessage]:
+    """Every copy the Maildir provider's send wrote into the Maildir's Sent folder (approval
+    requests and replies), parsed, in the folder's key order."""
+    box = mailbox.Maildir(str(maildir), create=False)
+    if SENT_FOLDER not in box.list_folders():
+        return []
+    sent = box.get_folder(SENT_FOLDER)
+    messages: list[EmailMessage] = []
+    for key in sorted(sent.iterkeys()):
+        message = email.message_from_bytes(sent.get_bytes(key), policy=email.policy.default)
+        assert isinstance(message, EmailMessage)
+        messages.append(message)
+    return messages

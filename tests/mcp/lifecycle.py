@@ -7,7 +7,14 @@ from typing import Any
 
 from mcp import Client
 
-from tests.mcp.conftest import APPROVER, CLIENT, MAILBOX, OperatorStation, call
+from tests.mcp.conftest import (
+    APPROVER,
+    CLIENT,
+    OperatorStation,
+    call,
+    intake_and_claim,
+    to_draft_ready,
+)
 
 
 async def drive_lifecycle(
@@ -21,13 +28,10 @@ async def drive_lifecycle(
     if wall_clock:
         station.clock.moment = datetime.now(UTC) - timedelta(minutes=1)
     station.deliver(sender=CLIENT, sender_name="Dana Levi", body="Please send the Q4 quote.")
-    first = await call(client, "intake", mailbox_id=MAILBOX)
-    [item] = first["items"]
-    claimed = await call(client, "claim", run_id=first["run_id"], item_ref=item["item_ref"])
+    first, [claimed] = await intake_and_claim(client)
     assert claimed["outcome"] == "CLAIMED" and claimed["task_created"]
     task_id = claimed["task_id"]
-    for state in ("EXECUTING", "VERIFYING", "DRAFT_READY"):
-        await call(client, "transition_task", task_id=task_id, state=state, evidence="quote ready")
+    await to_draft_ready(client, task_id)
     draft = await call(
         client,
         "render",
@@ -54,12 +58,8 @@ async def drive_lifecycle(
         body="Approved.",
         in_reply_to=requested["request_message_id"],
     )
-    second = await call(client, "intake", mailbox_id=MAILBOX)
-    outcomes = [
-        (await call(client, "claim", run_id=second["run_id"], item_ref=i["item_ref"]))["outcome"]
-        for i in second["items"]
-    ]
-    assert sorted(outcomes) == ["CLAIMED", "EXECUTION_ALREADY_DONE"]
+    second, claims = await intake_and_claim(client)
+    assert sorted(c["outcome"] for c in claims) == ["CLAIMED", "EXECUTION_ALREADY_DONE"]
     task = await call(client, "get_task", task_id=task_id)
     assert task["state"] == "APPROVED_TO_SEND"
     ready = await call(

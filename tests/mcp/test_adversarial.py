@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import mailbox
 from dataclasses import dataclass
-from email import message_from_bytes
 from email.message import EmailMessage
 from email.policy import SMTP
 from email.utils import format_datetime, getaddresses, make_msgid
@@ -19,7 +18,6 @@ import pytest
 from mcp import Client
 from mcp.shared.exceptions import MCPError
 
-from agent.providers.maildir import SENT_FOLDER
 from agent.services import workspaces
 from agent.testing import FrozenClock
 from mcp_server.runtime import REFUSED
@@ -30,8 +28,13 @@ from tests.mcp.conftest import (
     MAILBOX,
     STRANGER,
     OperatorStation,
+    approve_by_reply,
     call,
+    intake_and_claim,
+    refused,
+    sent_messages,
     station_context,
+    to_draft_ready,
     tool_error,
 )
 
@@ -61,16 +64,7 @@ class Snapshot:
     sends: dict[str, list[dict[str, Any]]]
     tasks: dict[str, dict[str, Any]]
     records: dict[str, str]
-    outbox: dict[str, list[tuple[str, bytes]]]
-
-
-def sent_copies(maildir: Path) -> list[tuple[str, bytes]]:
-    """The provider's outbox: every copy its send wrote into the Maildir's Sent folder."""
-    box = mailbox.Maildir(str(maildir), factory=None, create=False)
-    if SENT_FOLDER not in box.list_folders():
-        return []
-    sent = box.get_folder(SENT_FOLDER)
-    return sorted((key, sent.get_bytes(key)) for key in sent.iterkeys())
+    outbox: dict[str, list[bytes]]
 
 
 def maildirs(station: OperatorStation) -> list[Path]:
@@ -96,16 +90,14 @@ async def snapshot(station: OperatorStation, client: Client, *task_ids: str) -> 
     finally:
         store.close()
     tasks = {t: await call(client, "get_task", task_id=t) for t in task_ids}
-    outbox = {str(path): sent_copies(path) for path in maildirs(station)}
+    outbox = {str(path): [m.as_bytes() for m in sent_messages(path)] for path in maildirs(station)}
     return Snapshot(counts=counts, sends=sends, tasks=tasks, records=records, outbox=outbox)
 
 
 def client_copies(station: OperatorStation, address: str = CLIENT) -> list[EmailMessage]:
     """Copies in the outbox addressed (To or Cc) to ``address``."""
     found: list[EmailMessage] = []
-    for _, raw in sent_copies(station.maildir):
-        msg = message_from_bytes(raw, _class=EmailMessage, policy=SMTP)
-        assert isinstance(msg, EmailMessage)
+    for msg in sent_messages(station.maildir):
         addresses = {
             a.lower() for _, a in getaddresses([*msg.get_all("To", []), *msg.get_all("Cc", [])])
         }
@@ -117,25 +109,13 @@ def client_copies(station: OperatorStation, address: str = CLIENT) -> list[Email
 # -- what the host sees ----------------------------------------------------------------------
 
 
-async def refused(client: Client, tool: str, **arguments: Any) -> dict[str, Any]:
-    """Call a tool that must be refused (JSON-RPC error -32010); the error's data."""
-    with pytest.raises(MCPError) as info:
-        await client.call_tool(tool, arguments)
-    assert info.value.code == REFUSED, info.value.message
-    assert info.value.message, "a refusal says why"
-    data = info.value.data
-    assert isinstance(data, dict)
-    assert data["refused"] in {"gate", "policy", "task_state", "already_sent"}
-    return {"message": info.value.message, **data}
+def blockers(refusal: MCPError) -> set[str]:
+    return {r["blocker"] for r in refusal.data["reasons"]}
 
 
-def blockers(data: dict[str, Any]) -> set[str]:
-    return {r["blocker"] for r in data["reasons"]}
-
-
-def reason_for(data: dict[str, Any], blocker: str) -> dict[str, Any]:
-    found = [r for r in data["reasons"] if r["blocker"] == blocker]
-    assert found, f"no {blocker} reason in {data}"
+def reason_for(refusal: MCPError, blocker: str) -> dict[str, Any]:
+    found = [r for r in refusal.data["reasons"] if r["blocker"] == blocker]
+    assert found, f"no {blocker} reason in {refusal.data}"
     assert found[0]["detail"], "every reason says what blocks the send"
     return found[0]
 
@@ -148,15 +128,6 @@ async def invalid(client: Client, tool: str, **arguments: Any) -> str:
 
 
 # -- the lifecycle, done properly ------------------------------------------------------------
-
-
-async def take_in(client: Client, mailbox_id: str = MAILBOX) -> list[dict[str, Any]]:
-    """intake, then claim every item in order; the claims."""
-    scanned = await call(client, "intake", mailbox_id=mailbox_id)
-    return [
-        await call(client, "claim", run_id=item["run_id"], item_ref=item["item_ref"])
-        for item in scanned["items"]
-    ]
 
 
 def claimed_task(claims: list[dict[str, Any]]) -> dict[str, Any]:
@@ -175,14 +146,14 @@ async def client_task(
 ) -> tuple[str, str]:
     """A new client request taken in and claimed: (task_id, the client's Message-ID)."""
     mid = station.deliver(sender=CLIENT, subject=subject, body=body)
-    claim = claimed_task(await take_in(client))
+    claim = claimed_task((await intake_and_claim(client)).claims)
     assert claim["task_created"]
     return claim["task_id"], mid
 
 
 async def drafted(client: Client, task_id: str, body: str = "Here is the quote: 120 USD.") -> str:
     """Move the task to DRAFT_READY and render a reply; the draft_id."""
-    await call(client, "transition_task", task_id=task_id, state="DRAFT_READY", evidence="done")
+    await to_draft_ready(client, task_id)
     draft = await call(client, "render", task_id=task_id, body_markdown=body)
     return draft["draft_id"]
 
@@ -200,14 +171,11 @@ async def approved(
     """The whole approval flow, as an approver really answers; the approver's reply's
     Message-ID. The task ends APPROVED_TO_SEND."""
     request_mid = await request(client, task_id, draft_id, **kw)
-    station.clock.advance(minutes=5)
-    reply = station.deliver(
-        sender=APPROVER, subject="Re: Approval needed", body="Approved.", in_reply_to=request_mid
+    replies = await approve_by_reply(
+        station, client, [{"task_id": task_id, "request_message_id": request_mid}]
     )
-    claim = claimed_task(await take_in(client))
-    assert claim["task_id"] == task_id
     assert (await state(client, task_id)) == "APPROVED_TO_SEND"
-    return reply
+    return replies[task_id]
 
 
 async def state(client: Client, task_id: str) -> str:
@@ -229,10 +197,10 @@ async def test_a_client_draft_without_approval_is_refused_as_approval_missing_an
         assert gate["ready"] is False
         assert {r["blocker"] for r in gate["reasons"]} == {"approval_missing"}
 
-        data = await refused(client, "send", task_id=task_id, draft_id=draft_id, to=[CLIENT])
-        assert data["refused"] == "gate"
-        assert blockers(data) == {"approval_missing"}
-        assert "request internal approval" in reason_for(data, "approval_missing")["detail"]
+        refusal = await refused(client, "send", task_id=task_id, draft_id=draft_id, to=[CLIENT])
+        assert refusal.data["refused"] == "gate"
+        assert blockers(refusal) == {"approval_missing"}
+        assert "request internal approval" in reason_for(refusal, "approval_missing")["detail"]
 
         assert await snapshot(station, client, task_id) == before
         assert (await state(client, task_id)) == "DRAFT_READY"
@@ -247,9 +215,9 @@ async def test_a_send_while_the_approval_is_only_requested_is_refused_and_nothin
         await request(client, task_id, draft_id)
         before = await snapshot(station, client, task_id)
 
-        data = await refused(client, "send", task_id=task_id, draft_id=draft_id, to=[CLIENT])
-        assert blockers(data) == {"approval_missing"}
-        assert "WAITING_INTERNAL_APPROVAL" in reason_for(data, "approval_missing")["detail"]
+        refusal = await refused(client, "send", task_id=task_id, draft_id=draft_id, to=[CLIENT])
+        assert blockers(refusal) == {"approval_missing"}
+        assert "WAITING_INTERNAL_APPROVAL" in reason_for(refusal, "approval_missing")["detail"]
 
         assert await snapshot(station, client, task_id) == before
         assert client_copies(station) == []
@@ -284,9 +252,9 @@ async def test_an_approved_draft_never_goes_to_an_unverified_recipient(
         assert gate["ready"] is False
         assert outsider in {r["recipient"] for r in gate["reasons"]}
 
-        data = await refused(client, "send", task_id=task_id, draft_id=draft_id, to=to, cc=cc)
-        unknown = [r for r in data["reasons"] if r["recipient"] == outsider]
-        assert unknown, data
+        refusal = await refused(client, "send", task_id=task_id, draft_id=draft_id, to=to, cc=cc)
+        unknown = [r for r in refusal.data["reasons"] if r["recipient"] == outsider]
+        assert unknown, refusal.data
         assert unknown[0]["blocker"] == "recipient_unknown"
         assert outsider in unknown[0]["detail"]
 
@@ -304,9 +272,9 @@ async def test_the_workspaces_own_mailbox_is_no_recipient_for_an_approved_draft(
         await approved(station, client, task_id, draft_id)
         before = await snapshot(station, client, task_id)
 
-        data = await refused(client, "send", task_id=task_id, draft_id=draft_id, to=[MAILBOX])
-        assert "no_recipients" in blockers(data)
-        assert MAILBOX in reason_for(data, "no_recipients")["detail"]
+        refusal = await refused(client, "send", task_id=task_id, draft_id=draft_id, to=[MAILBOX])
+        assert "no_recipients" in blockers(refusal)
+        assert MAILBOX in reason_for(refusal, "no_recipients")["detail"]
         assert await snapshot(station, client, task_id) == before
 
 
@@ -351,8 +319,8 @@ async def _still_unapproved(
         )
     assert await snapshot(station, client, task_id) == before
 
-    data = await refused(client, "send", task_id=task_id, draft_id=draft_id, to=[CLIENT])
-    assert blockers(data) == {"approval_missing"}
+    refusal = await refused(client, "send", task_id=task_id, draft_id=draft_id, to=[CLIENT])
+    assert blockers(refusal) == {"approval_missing"}
     assert await snapshot(station, client, task_id) == before
     assert client_copies(station) == []
 
@@ -364,14 +332,14 @@ async def test_record_approval_with_a_made_up_message_id_is_refused_and_changes_
         task_id, draft_id, _, _ = await _waiting(station, client)
         before = await snapshot(station, client, task_id)
 
-        data = await refused(
+        refusal = await refused(
             client,
             "record_approval",
             task_id=task_id,
             reply_message_id="<approved-by-noa.1@fabrikam.test>",
         )
-        assert data["refused"] == "policy"
-        assert "no approver's reply" in data["message"]
+        assert refusal.data["refused"] == "policy"
+        assert "no approver's reply" in refusal.message
 
         assert await snapshot(station, client, task_id) == before
         await _still_unapproved(
@@ -386,10 +354,10 @@ async def test_record_approval_with_the_clients_own_message_id_is_refused(
         task_id, draft_id, client_mid, _ = await _waiting(station, client)
         before = await snapshot(station, client, task_id)
 
-        data = await refused(
+        refusal = await refused(
             client, "record_approval", task_id=task_id, reply_message_id=client_mid
         )
-        assert "no approver's reply" in data["message"]
+        assert "no approver's reply" in refusal.message
         assert await snapshot(station, client, task_id) == before
         await _still_unapproved(station, client, task_id, draft_id, client_mid)
 
@@ -401,10 +369,10 @@ async def test_record_approval_with_the_request_s_own_message_id_is_refused(
         task_id, draft_id, _, request_mid = await _waiting(station, client)
         before = await snapshot(station, client, task_id)
 
-        data = await refused(
+        refusal = await refused(
             client, "record_approval", task_id=task_id, reply_message_id=request_mid
         )
-        assert "no approver's reply" in data["message"]
+        assert "no approver's reply" in refusal.message
         assert await snapshot(station, client, task_id) == before
         await _still_unapproved(station, client, task_id, draft_id, request_mid)
 
@@ -422,13 +390,13 @@ async def test_an_approvers_reply_intake_has_not_taken_in_approves_nothing_yet(
         )
         before = await snapshot(station, client, task_id)
 
-        data = await refused(client, "record_approval", task_id=task_id, reply_message_id=reply)
-        assert "intake" in data["message"]
+        refusal = await refused(client, "record_approval", task_id=task_id, reply_message_id=reply)
+        assert "intake" in refusal.message
         assert await snapshot(station, client, task_id) == before
         await _still_unapproved(station, client, task_id, draft_id, reply)
 
         # Once intake takes it in, the same reply is the server's own evidence.
-        claimed_task(await take_in(client))
+        claimed_task((await intake_and_claim(client)).claims)
         assert (await state(client, task_id)) == "APPROVED_TO_SEND"
         view = await call(client, "record_approval", task_id=task_id, reply_message_id=reply)
         assert view["finding"].startswith("approved by " + APPROVER)
@@ -478,7 +446,7 @@ async def test_an_approved_email_from_the_wrong_sender_or_thread_approves_nothin
             in_reply_to=ids[reply_to] if reply_to else None,
             headers={"References": ids[references]} if references else None,
         )
-        await take_in(client)
+        await intake_and_claim(client)
 
         task = await call(client, "get_task", task_id=task_id)
         assert task["state"] == "WAITING_INTERNAL_APPROVAL"
@@ -503,24 +471,24 @@ async def test_one_tasks_approval_cannot_be_used_for_another_task(
         reply_a = await approved(station, client, task_a, draft_a)
         before = await snapshot(station, client, task_a, task_b)
 
-        data = await refused(client, "send", task_id=task_b, draft_id=draft_a, to=[CLIENT])
-        assert data["refused"] == "policy"
-        assert "another task" in data["message"]
+        refusal = await refused(client, "send", task_id=task_b, draft_id=draft_a, to=[CLIENT])
+        assert refusal.data["refused"] == "policy"
+        assert "another task" in refusal.message
         assert await snapshot(station, client, task_a, task_b) == before
 
-        data = await refused(client, "gate_check", task_id=task_b, draft_id=draft_a, to=[CLIENT])
-        assert "another task" in data["message"]
+        refusal = await refused(client, "gate_check", task_id=task_b, draft_id=draft_a, to=[CLIENT])
+        assert "another task" in refusal.message
 
-        data = await refused(client, "record_approval", task_id=task_b, reply_message_id=reply_a)
-        assert "no approver's reply" in data["message"]
+        refusal = await refused(client, "record_approval", task_id=task_b, reply_message_id=reply_a)
+        assert "no approver's reply" in refusal.message
         assert await snapshot(station, client, task_a, task_b) == before
 
-        data = await refused(client, "send", task_id=task_b, draft_id=draft_b, to=[CLIENT])
-        assert blockers(data) == {"approval_missing"}
+        refusal = await refused(client, "send", task_id=task_b, draft_id=draft_b, to=[CLIENT])
+        assert blockers(refusal) == {"approval_missing"}
 
         # B's own approval request cannot borrow A's draft either.
-        data = await refused(client, "request_approval", task_id=task_b, draft_id=draft_a)
-        assert "another task" in data["message"]
+        refusal = await refused(client, "request_approval", task_id=task_b, draft_id=draft_a)
+        assert "another task" in refusal.message
 
         assert await snapshot(station, client, task_a, task_b) == before
         assert (await state(client, task_a)) == "APPROVED_TO_SEND"
@@ -542,8 +510,8 @@ async def test_an_approvers_reply_to_task_a_does_not_approve_task_b_waiting_for_
 
         assert (await state(client, task_b)) == "WAITING_INTERNAL_APPROVAL"
         await refused(client, "record_approval", task_id=task_b, reply_message_id=reply_a)
-        data = await refused(client, "send", task_id=task_b, draft_id=draft_b, to=[CLIENT])
-        assert blockers(data) == {"approval_missing"}
+        refusal = await refused(client, "send", task_id=task_b, draft_id=draft_b, to=[CLIENT])
+        assert blockers(refusal) == {"approval_missing"}
         assert await snapshot(station, client, task_a, task_b) == before
 
 
@@ -570,36 +538,36 @@ async def test_an_approved_draft_goes_out_once_and_a_second_send_is_refused(
         assert before.records != unsent.records
         assert before.outbox != unsent.outbox
 
-        data = await refused(client, "send", task_id=task_id, draft_id=draft_id, to=[CLIENT])
-        assert data["refused"] == "already_sent"
-        assert data["send_id"] == sent["send_id"]
-        assert data["internet_message_id"] == sent["internet_message_id"]
+        refusal = await refused(client, "send", task_id=task_id, draft_id=draft_id, to=[CLIENT])
+        assert refusal.data["refused"] == "already_sent"
+        assert refusal.data["send_id"] == sent["send_id"]
+        assert refusal.data["internet_message_id"] == sent["internet_message_id"]
         assert await snapshot(station, client, task_id) == before
         assert len(client_copies(station)) == 1
 
         # The same approved draft again, with the recipients spelled differently.
-        data = await refused(
+        refusal = await refused(
             client, "send", task_id=task_id, draft_id=draft_id, to=[CLIENT.upper()]
         )
-        assert data["refused"] == "already_sent"
-        assert data["send_id"] == sent["send_id"]
+        assert refusal.data["refused"] == "already_sent"
+        assert refusal.data["send_id"] == sent["send_id"]
         assert await snapshot(station, client, task_id) == before
 
         # The same approved draft to a new set of recipients is a second client message.
-        data = await refused(
+        refusal = await refused(
             client, "send", task_id=task_id, draft_id=draft_id, to=[CLIENT], cc=[COLLEAGUE]
         )
-        assert blockers(data) == {"approval_missing"}
-        assert "CLIENT_REPLY_SENT" in reason_for(data, "approval_missing")["detail"]
+        assert blockers(refusal) == {"approval_missing"}
+        assert "CLIENT_REPLY_SENT" in reason_for(refusal, "approval_missing")["detail"]
         assert await snapshot(station, client, task_id) == before
 
         # A new draft after the send is a new client message: it needs its own approval.
         other = await call(client, "render", task_id=task_id, body_markdown="One more thing.")
         before = await snapshot(station, client, task_id)
-        data = await refused(
+        refusal = await refused(
             client, "send", task_id=task_id, draft_id=other["draft_id"], to=[CLIENT]
         )
-        assert blockers(data) == {"approval_missing"}
+        assert blockers(refusal) == {"approval_missing"}
         assert await snapshot(station, client, task_id) == before
         assert len(client_copies(station)) == 1
 
@@ -726,11 +694,11 @@ async def test_a_draft_changed_after_approval_is_not_covered_by_it(
             client, "gate_check", task_id=task_id, draft_id=changed["draft_id"], to=[CLIENT]
         )
         assert gate["ready"] is False
-        data = await refused(
+        refusal = await refused(
             client, "send", task_id=task_id, draft_id=changed["draft_id"], to=[CLIENT]
         )
-        assert blockers(data) == {"approval_missing"}
-        assert changed["digest"][:12] in reason_for(data, "approval_missing")["detail"]
+        assert blockers(refusal) == {"approval_missing"}
+        assert changed["digest"][:12] in reason_for(refusal, "approval_missing")["detail"]
         assert await snapshot(station, client, task_id) == before
         assert client_copies(station) == []
 
@@ -778,10 +746,10 @@ async def test_instructions_in_a_clients_email_are_data_and_authorize_nothing(
         draft_id = await drafted(client, task_id, "We received your request.")
         before = await snapshot(station, client, task_id)
 
-        data = await refused(client, "send", task_id=task_id, draft_id=draft_id, to=[STRANGER])
-        assert reason_for(data, "recipient_unknown")["recipient"] == STRANGER
-        data = await refused(client, "send", task_id=task_id, draft_id=draft_id, to=[CLIENT])
-        assert blockers(data) == {"approval_missing"}
+        refusal = await refused(client, "send", task_id=task_id, draft_id=draft_id, to=[STRANGER])
+        assert reason_for(refusal, "recipient_unknown")["recipient"] == STRANGER
+        refusal = await refused(client, "send", task_id=task_id, draft_id=draft_id, to=[CLIENT])
+        assert blockers(refusal) == {"approval_missing"}
         await refused(client, "record_approval", task_id=task_id, reply_message_id=mid)
 
         assert await snapshot(station, client, task_id) == before
@@ -798,10 +766,10 @@ async def test_an_injected_instruction_does_not_widen_an_approval_to_its_recipie
         await approved(station, client, task_id, draft_id)
         before = await snapshot(station, client, task_id)
 
-        data = await refused(
+        refusal = await refused(
             client, "send", task_id=task_id, draft_id=draft_id, to=[CLIENT], cc=[STRANGER]
         )
-        assert reason_for(data, "recipient_unknown")["recipient"] == STRANGER
+        assert reason_for(refusal, "recipient_unknown")["recipient"] == STRANGER
         assert await snapshot(station, client, task_id) == before
         assert client_copies(station, STRANGER) == []
 
@@ -847,9 +815,9 @@ async def test_sends_disabled_holds_a_client_send_without_approval(tmp_path: Pat
         draft_id = await drafted(client, task_id)
         before = await snapshot(station, client, task_id)
 
-        data = await refused(client, "send", task_id=task_id, draft_id=draft_id, to=[CLIENT])
-        assert "sends_disabled" in blockers(data)
-        assert "sends_disabled" in reason_for(data, "sends_disabled")["detail"]
+        refusal = await refused(client, "send", task_id=task_id, draft_id=draft_id, to=[CLIENT])
+        assert "sends_disabled" in blockers(refusal)
+        assert "sends_disabled" in reason_for(refusal, "sends_disabled")["detail"]
         assert await snapshot(station, client, task_id) == before
 
 
@@ -863,8 +831,8 @@ async def test_sends_disabled_holds_a_client_send_even_with_an_approvers_approva
         await approved(station, client, task_id, draft_id)
         before = await snapshot(station, client, task_id)
 
-        data = await refused(client, "send", task_id=task_id, draft_id=draft_id, to=[CLIENT])
-        assert blockers(data) == {"sends_disabled"}
+        refusal = await refused(client, "send", task_id=task_id, draft_id=draft_id, to=[CLIENT])
+        assert blockers(refusal) == {"sends_disabled"}
         assert await snapshot(station, client, task_id) == before
         assert client_copies(station) == []
 
@@ -939,29 +907,29 @@ async def test_another_workspaces_ids_drafts_and_approvals_do_not_cross_over(
         reply_1 = await approved(station, client, task_1, draft_1)
 
         deliver_to(maildir2, station, OTHER_CLIENT, "Contract renewal")
-        claim_2 = claimed_task(await take_in(client, OTHER_MAILBOX))
+        claim_2 = claimed_task((await intake_and_claim(client, OTHER_MAILBOX)).claims)
         task_2 = claim_2["task_id"]
         assert (await call(client, "get_task", task_id=task_2))["workspace_id"] == OTHER_WS
         draft_2 = await drafted(client, task_2, "Your renewal is under way.")
         before = await snapshot(station, client, task_1, task_2)
 
         # Workspace 1's approved draft under workspace 2's task, and the other way round.
-        data = await refused(client, "send", task_id=task_2, draft_id=draft_1, to=[CLIENT])
-        assert "another task" in data["message"]
-        data = await refused(client, "send", task_id=task_2, draft_id=draft_1, to=[OTHER_CLIENT])
-        assert "another task" in data["message"]
-        data = await refused(client, "send", task_id=task_1, draft_id=draft_2, to=[CLIENT])
-        assert "another task" in data["message"]
+        refusal = await refused(client, "send", task_id=task_2, draft_id=draft_1, to=[CLIENT])
+        assert "another task" in refusal.message
+        refusal = await refused(client, "send", task_id=task_2, draft_id=draft_1, to=[OTHER_CLIENT])
+        assert "another task" in refusal.message
+        refusal = await refused(client, "send", task_id=task_1, draft_id=draft_2, to=[CLIENT])
+        assert "another task" in refusal.message
         # Workspace 1's approver reply as workspace 2's evidence.
-        data = await refused(client, "record_approval", task_id=task_2, reply_message_id=reply_1)
-        assert "no approver's reply" in data["message"]
+        refusal = await refused(client, "record_approval", task_id=task_2, reply_message_id=reply_1)
+        assert "no approver's reply" in refusal.message
         # Workspace 1's approved draft to workspace 2's client.
-        data = await refused(client, "send", task_id=task_1, draft_id=draft_1, to=[OTHER_CLIENT])
-        assert reason_for(data, "recipient_unknown")["recipient"] == OTHER_CLIENT
-        data = await refused(
+        refusal = await refused(client, "send", task_id=task_1, draft_id=draft_1, to=[OTHER_CLIENT])
+        assert reason_for(refusal, "recipient_unknown")["recipient"] == OTHER_CLIENT
+        refusal = await refused(
             client, "send", task_id=task_1, draft_id=draft_1, to=[CLIENT], cc=[OTHER_CLIENT]
         )
-        assert "recipient_unknown" in blockers(data)
+        assert "recipient_unknown" in blockers(refusal)
         # Naming the other workspace is not an argument any tool takes.
         await invalid(client, "get_task", task_id=task_1, workspace_id=OTHER_WS)
         await invalid(
@@ -974,7 +942,7 @@ async def test_another_workspaces_ids_drafts_and_approvals_do_not_cross_over(
         assert [t["task_id"] for t in queue_1["tasks"]] == [task_1]
 
         assert await snapshot(station, client, task_1, task_2) == before
-        assert sent_copies(maildir2) == []
+        assert sent_messages(maildir2) == []
 
 
 async def test_an_approved_draft_naming_another_workspaces_client_is_refused(
@@ -989,9 +957,9 @@ async def test_an_approved_draft_naming_another_workspaces_client_is_refused(
         await approved(station, client, task_id, draft_id)
         before = await snapshot(station, client, task_id)
 
-        data = await refused(client, "send", task_id=task_id, draft_id=draft_id, to=[CLIENT])
-        assert blockers(data) == {"foreign_content"}
-        assert OTHER_CLIENT in reason_for(data, "foreign_content")["detail"]
+        refusal = await refused(client, "send", task_id=task_id, draft_id=draft_id, to=[CLIENT])
+        assert blockers(refusal) == {"foreign_content"}
+        assert OTHER_CLIENT in reason_for(refusal, "foreign_content")["detail"]
         assert await snapshot(station, client, task_id) == before
         assert client_copies(station) == []
 
@@ -1076,10 +1044,10 @@ async def test_a_standing_approval_the_context_does_not_record_is_refused(
         draft_id = await drafted(client, task_id)
         before = await snapshot(station, client, task_id)
 
-        data = await refused(
+        refusal = await refused(
             client, "record_approval", task_id=task_id, standing_class="delivery_confirmation"
         )
-        assert "no standing approval" in data["message"]
+        assert "no standing approval" in refusal.message
         text = await tool_error(
             client,
             "record_approval",
@@ -1101,12 +1069,12 @@ async def test_an_approval_naming_a_stranger_does_not_make_the_stranger_a_verifi
         await approved(station, client, task_id, draft_id, to=[STRANGER])
         before = await snapshot(station, client, task_id)
 
-        data = await refused(client, "send", task_id=task_id, draft_id=draft_id, to=[STRANGER])
-        assert reason_for(data, "recipient_unknown")["recipient"] == STRANGER
+        refusal = await refused(client, "send", task_id=task_id, draft_id=draft_id, to=[STRANGER])
+        assert reason_for(refusal, "recipient_unknown")["recipient"] == STRANGER
         # ...and the client is not among the recipients that approval covers.
-        data = await refused(client, "send", task_id=task_id, draft_id=draft_id, to=[CLIENT])
-        assert blockers(data) == {"approval_missing"}
-        assert STRANGER in reason_for(data, "approval_missing")["detail"]
+        refusal = await refused(client, "send", task_id=task_id, draft_id=draft_id, to=[CLIENT])
+        assert blockers(refusal) == {"approval_missing"}
+        assert STRANGER in reason_for(refusal, "approval_missing")["detail"]
         assert await snapshot(station, client, task_id) == before
         assert client_copies(station, STRANGER) == []
         assert client_copies(station) == []
@@ -1130,10 +1098,10 @@ async def test_a_learning_proposal_does_not_make_a_stranger_a_recipient(
         assert proposal["state"] == "queued"
         before = await snapshot(station, client, task_id)
 
-        data = await refused(
+        refusal = await refused(
             client, "send", task_id=task_id, draft_id=draft_id, to=[CLIENT], cc=[STRANGER]
         )
-        assert reason_for(data, "recipient_unknown")["recipient"] == STRANGER
+        assert reason_for(refusal, "recipient_unknown")["recipient"] == STRANGER
         gate = await call(client, "gate_check", task_id=task_id, draft_id=draft_id, to=[STRANGER])
         assert gate["ready"] is False
         assert await snapshot(station, client, task_id) == before
@@ -1157,7 +1125,7 @@ async def test_a_withdrawn_approval_is_not_revived_by_pointing_at_the_earlier_re
             in_reply_to=reply,
             headers={"References": f"{request_mid} {reply}"},
         )
-        await take_in(client)
+        await intake_and_claim(client)
         assert (await state(client, task_id)) == "CHANGES_REQUESTED"
         before = await snapshot(station, client, task_id)
 
@@ -1165,7 +1133,7 @@ async def test_a_withdrawn_approval_is_not_revived_by_pointing_at_the_earlier_re
         if not isinstance(result, MCPError):
             assert result["task_state"] == "CHANGES_REQUESTED"
         assert await snapshot(station, client, task_id) == before
-        data = await refused(client, "send", task_id=task_id, draft_id=draft_id, to=[CLIENT])
-        assert blockers(data) == {"changes_requested"}
+        refusal = await refused(client, "send", task_id=task_id, draft_id=draft_id, to=[CLIENT])
+        assert blockers(refusal) == {"changes_requested"}
         assert await snapshot(station, client, task_id) == before
         assert client_copies(station) == []

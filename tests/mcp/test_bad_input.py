@@ -23,6 +23,8 @@ from tests.mcp.conftest import (
     MAILBOX,
     OperatorStation,
     call,
+    intake_and_claim,
+    to_draft_ready,
 )
 
 pytestmark = pytest.mark.anyio
@@ -44,12 +46,10 @@ class Scene:
 
 async def scene(client: Client, station: OperatorStation) -> Scene:
     station.deliver(sender=CLIENT, subject="Quote request")
-    found = await call(client, "intake", mailbox_id=MAILBOX)
+    found, [claim] = await intake_and_claim(client)
     [item] = found["items"]
-    claim = await call(client, "claim", run_id=item["run_id"], item_ref=item["item_ref"])
     task_id = claim["task_id"]
-    for state in ("EXECUTING", "VERIFYING", "DRAFT_READY"):
-        await call(client, "transition_task", task_id=task_id, state=state, evidence=state)
+    await to_draft_ready(client, task_id)
     draft = await call(
         client, "render", task_id=task_id, body_markdown="Hello Dana, it is $100.", language="en"
     )
@@ -809,8 +809,7 @@ async def test_a_draft_rendered_for_another_task_is_refused_and_changes_nothing(
         [other] = [i for i in found["items"] if i["item_ref"] != s.item_ref]
         claim = await call(client, "claim", run_id=other["run_id"], item_ref=other["item_ref"])
         other_task = claim["task_id"]
-        for state in ("EXECUTING", "VERIFYING", "DRAFT_READY"):
-            await call(client, "transition_task", task_id=other_task, state=state, evidence="e")
+        await to_draft_ready(client, other_task)
         arguments: dict[str, Any] = {"task_id": other_task, "draft_id": s.draft_id}
         if tool != "request_approval":
             arguments["to"] = [CLIENT]

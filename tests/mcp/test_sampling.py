@@ -11,7 +11,14 @@ from mcp import Client
 from mcp.types import CreateMessageRequestParams, CreateMessageResult, TextContent
 
 from agent.services.drafts import UNTRUSTED_BEGIN, UNTRUSTED_END
-from tests.mcp.conftest import CLIENT, MAILBOX, OperatorStation, call, tool_error
+from tests.mcp.conftest import (
+    CLIENT,
+    OperatorStation,
+    call,
+    intake_and_claim,
+    to_draft_ready,
+    tool_error,
+)
 
 pytestmark = pytest.mark.anyio
 
@@ -41,13 +48,11 @@ class HostModel:
         return message.content.text
 
 
-async def _task(client: Client) -> str:
-    found = await call(client, "intake", mailbox_id=MAILBOX)
-    [item] = found["items"]
-    claimed = await call(client, "claim", run_id=found["run_id"], item_ref=item["item_ref"])
+async def draft_ready_task(client: Client) -> str:
+    """The one message in the mailbox taken in, claimed and worked to DRAFT_READY; its task."""
+    _, [claimed] = await intake_and_claim(client)
     task_id = claimed["task_id"]
-    for state in ("EXECUTING", "VERIFYING", "DRAFT_READY"):
-        await call(client, "transition_task", task_id=task_id, state=state, evidence="done")
+    await to_draft_ready(client, task_id)
     return task_id
 
 
@@ -58,7 +63,7 @@ async def test_render_without_a_body_drafts_through_the_hosts_model_with_the_ema
     station.deliver(sender=CLIENT, body="What does the Q4 renewal cost?")
     model = HostModel("The Q4 renewal is **$1,200** per year.")
     async with Client(station.server(), sampling_callback=model, mode=mode) as client:
-        task_id = await _task(client)
+        task_id = await draft_ready_task(client)
         draft = await call(
             client, "render", task_id=task_id, guidance="Quote $1,200 per year.", language="en"
         )
@@ -87,7 +92,7 @@ async def test_an_email_cannot_close_the_untrusted_block_early(station: Operator
     )
     model = HostModel("Thank you, we are looking into it.")
     async with Client(station.server(), sampling_callback=model) as client:
-        task_id = await _task(client)
+        task_id = await draft_ready_task(client)
         await call(client, "render", task_id=task_id, guidance="Acknowledge.", language="en")
     prompt = model.prompt()
     assert prompt.count(UNTRUSTED_BEGIN) == 1 and prompt.count(UNTRUSTED_END) == 1
@@ -99,7 +104,7 @@ async def test_without_sampling_render_needs_a_body_and_changes_nothing(
 ) -> None:
     station.deliver(sender=CLIENT)
     async with station.client() as client:
-        task_id = await _task(client)
+        task_id = await draft_ready_task(client)
         text = await tool_error(client, "render", task_id=task_id, guidance="Quote it.")
         task = await call(client, "get_task", task_id=task_id)
     assert "body_markdown" in text and "sampling" in text
@@ -112,7 +117,7 @@ async def test_a_body_given_by_the_caller_never_asks_the_hosts_model(
     station.deliver(sender=CLIENT)
     model = HostModel("unused")
     async with Client(station.server(), sampling_callback=model) as client:
-        task_id = await _task(client)
+        task_id = await draft_ready_task(client)
         draft = await call(
             client, "render", task_id=task_id, body_markdown="Here it is.", language="en"
         )

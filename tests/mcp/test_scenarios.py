@@ -11,9 +11,6 @@ what read_back checks, and it is never a delivery (``delivered`` stays False).
 
 from __future__ import annotations
 
-import email
-import email.policy
-import mailbox
 import os
 import sys
 from contextlib import AsyncExitStack
@@ -26,7 +23,6 @@ import pytest
 import yaml
 from mcp import Client
 from mcp.client.stdio import StdioServerParameters, stdio_client
-from mcp.shared.exceptions import MCPError
 from mcp.types import TextResourceContents
 from selectolax.lexbor import LexborHTMLParser
 
@@ -41,8 +37,14 @@ from tests.mcp.conftest import (
     COLLEAGUE,
     MAILBOX,
     OperatorStation,
+    approve_by_reply,
     call,
+    intake_and_claim,
+    reconcile_all,
+    refused,
+    sent_messages,
     station_context,
+    to_draft_ready,
 )
 
 pytestmark = pytest.mark.anyio
@@ -79,67 +81,6 @@ ENGLISH_BODY = (
 # -- helpers: MCP calls ---------------------------------------------------------------------
 
 
-async def intake_and_claim(client: Client) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    """One intake of the station's mailbox, then a claim of each item in the order given."""
-    scanned = await call(client, "intake", mailbox_id=MAILBOX)
-    claims = [
-        await call(client, "claim", run_id=item["run_id"], item_ref=item["item_ref"])
-        for item in scanned["items"]
-    ]
-    return scanned, claims
-
-
-async def reconcile_all(client: Client, scanned: dict[str, Any]) -> list[dict[str, Any]]:
-    return [await call(client, "reconcile", run_id=run_id) for run_id in scanned["run_ids"]]
-
-
-async def work_to_draft_ready(client: Client, task_id: str) -> dict[str, Any]:
-    task: dict[str, Any] = {}
-    for state in ("EXECUTING", "VERIFYING", "DRAFT_READY"):
-        task = await call(
-            client, "transition_task", task_id=task_id, state=state, evidence=f"work {state}"
-        )
-        assert task["state"] == state
-    return task
-
-
-async def refusal(client: Client, tool: str, **arguments: Any) -> dict[str, Any]:
-    """Call a tool that the server must refuse (JSON-RPC error -32010); the refusal's data."""
-    with pytest.raises(MCPError) as raised:
-        await client.call_tool(tool, arguments)
-    assert raised.value.code == REFUSED, raised.value.message
-    data = raised.value.error.data
-    assert isinstance(data, dict)
-    return data
-
-
-async def approve_by_reply(
-    station: OperatorStation, client: Client, requests: list[dict[str, Any]]
-) -> dict[str, str]:
-    """The approver answers each approval request by replying 'Approved.' to it; intake takes
-    the replies in and the server judges them. Returns each task's reply Message-ID."""
-    station.clock.advance(minutes=5)
-    replies = {
-        request["task_id"]: station.deliver(
-            sender=APPROVER,
-            subject="Re: Approval needed",
-            body="Approved.",
-            in_reply_to=request["request_message_id"],
-        )
-        for request in requests
-    }
-    scanned, claims = await intake_and_claim(client)
-    judged = {c["task_id"]: c for c in claims if c["outcome"] == "CLAIMED"}
-    assert set(judged) == set(replies), claims
-    for claim in judged.values():
-        assert claim["task_created"] is False  # the reply joins the task it approves
-        assert f"approved by {APPROVER}" in claim["detail"]
-    assert {c["outcome"] for c in claims if c["task_id"] is None} <= {"EXECUTION_ALREADY_DONE"}
-    for reconciliation in await reconcile_all(client, scanned):
-        assert reconciliation["clean"], reconciliation
-    return replies
-
-
 async def context_resource(client: Client, workspace_id: str) -> dict[str, Any]:
     result = await client.read_resource(f"outloop://workspaces/{workspace_id}/context")
     [content] = result.contents
@@ -150,18 +91,9 @@ async def context_resource(client: Client, workspace_id: str) -> dict[str, Any]:
 # -- helpers: inspecting the Maildir outbox --------------------------------------------------
 
 
-def sent_copies(station: OperatorStation) -> dict[str, EmailMessage]:
+def sent_by_message_id(station: OperatorStation) -> dict[str, EmailMessage]:
     """The Maildir provider's outbox copies (its .Sent folder), by Message-ID."""
-    inbox = mailbox.Maildir(str(station.maildir), create=False)
-    if "Sent" not in inbox.list_folders():
-        return {}
-    sent = inbox.get_folder("Sent")
-    copies: dict[str, EmailMessage] = {}
-    for key in sent.iterkeys():
-        message = email.message_from_bytes(sent.get_bytes(key), policy=email.policy.default)
-        assert isinstance(message, EmailMessage)
-        copies[str(message["Message-ID"])] = message
-    return copies
+    return {str(m["Message-ID"]): m for m in sent_messages(station.maildir)}
 
 
 def part(message: EmailMessage, subtype: str) -> str:
@@ -397,7 +329,7 @@ async def test_scenario_03_a_replay_after_completion_creates_nothing_and_is_full
         tasks_before = store.list_tasks(station.workspace_id)
     finally:
         store.close()
-    outbox_before = sent_copies(station)
+    outbox_before = sent_by_message_id(station)
 
     # The replay runs in a fresh server (a restart), over the same Maildir.
     async with station.client() as client:
@@ -427,7 +359,7 @@ async def test_scenario_03_a_replay_after_completion_creates_nothing_and_is_full
         assert store.list_tasks(station.workspace_id) == tasks_before
     finally:
         store.close()
-    assert sent_copies(station).keys() == outbox_before.keys()
+    assert sent_by_message_id(station).keys() == outbox_before.keys()
 
 
 # -- scenario 4 ------------------------------------------------------------------------------
@@ -519,7 +451,7 @@ async def test_scenario_05_internal_work_proceeds_while_the_client_send_waits_fo
     async with station.client() as client:
         _, [claim] = await intake_and_claim(client)
         task_id = claim["task_id"]
-        await work_to_draft_ready(client, task_id)
+        await to_draft_ready(client, task_id)
         reply = await call(
             client,
             "render",
@@ -538,11 +470,11 @@ async def test_scenario_05_internal_work_proceeds_while_the_client_send_waits_fo
         ]
         [recipient] = gate["recipients"]
         assert recipient["recipient_class"] == "client" and recipient["resolved"] is True
-        refused = await refusal(
+        refusal = await refused(
             client, "send", task_id=task_id, draft_id=reply["draft_id"], to=[CLIENT]
         )
-        assert refused["refused"] == "gate"
-        assert [r["blocker"] for r in refused["reasons"]] == ["approval_missing"]
+        assert refusal.data["refused"] == "gate"
+        assert [r["blocker"] for r in refusal.data["reasons"]] == ["approval_missing"]
 
         # ... while the internal update to a verified colleague goes at once.
         note = await call(
@@ -569,7 +501,7 @@ async def test_scenario_05_internal_work_proceeds_while_the_client_send_waits_fo
         )
         assert approval["task_state"] == "WAITING_INTERNAL_APPROVAL"
         assert approval["approvers"] == [APPROVER] and approval["recipients"] == [CLIENT]
-        assert approval["request_message_id"] in sent_copies(station)
+        assert approval["request_message_id"] in sent_by_message_id(station)
 
         # Internal work still proceeds while the approval is outstanding.
         status = await call(
@@ -589,11 +521,11 @@ async def test_scenario_05_internal_work_proceeds_while_the_client_send_waits_fo
         )
         assert waiting["ready"] is False and waiting["approval_basis"] is None
         assert "approval_missing" in [r["blocker"] for r in waiting["reasons"]]
-        client_copies = [m for m in sent_copies(station).values() if CLIENT in str(m["To"])]
+        client_copies = [m for m in sent_by_message_id(station).values() if CLIENT in str(m["To"])]
         assert client_copies == []  # nothing reached the client's address yet
 
         # The approver replies; intake takes the reply in and the server judges it.
-        replies = await approve_by_reply(station, client, [{"task_id": task_id, **approval}])
+        replies = await approve_by_reply(station, client, [approval])
         task = await call(client, "get_task", task_id=task_id)
         assert task["state"] == "APPROVED_TO_SEND"
         [decision] = task["approval_decisions"]
@@ -623,7 +555,7 @@ async def test_scenario_06_an_approved_client_reply_stays_in_the_original_thread
         scanned, [claim] = await intake_and_claim(client)
         await reconcile_all(client, scanned)
         task_id = claim["task_id"]
-        await work_to_draft_ready(client, task_id)
+        await to_draft_ready(client, task_id)
         reply = await call(
             client,
             "render",
@@ -635,7 +567,7 @@ async def test_scenario_06_an_approved_client_reply_stays_in_the_original_thread
         approval = await call(
             client, "request_approval", task_id=task_id, draft_id=reply["draft_id"]
         )
-        await approve_by_reply(station, client, [{"task_id": task_id, **approval}])
+        await approve_by_reply(station, client, [approval])
 
         sent = await call(client, "send", task_id=task_id, draft_id=reply["draft_id"], to=[CLIENT])
         assert sent["status"] == "sent" and sent["to"] == [CLIENT] and sent["cc"] == []
@@ -658,7 +590,7 @@ async def test_scenario_06_an_approved_client_reply_stays_in_the_original_thread
         )
 
     # The stored copy itself answers the client's message, in its thread.
-    copies = sent_copies(station)
+    copies = sent_by_message_id(station)
     to_client = [m for m in copies.values() if CLIENT in str(m["To"])]
     assert len(to_client) == 1
     copy = copies[sent["internet_message_id"]]
@@ -705,14 +637,14 @@ async def test_scenario_07_hebrew_rtl_and_english_ltr_survive_stored_copy_read_b
             (hebrew_task, HEBREW_BODY, "he"),
             (english_task, ENGLISH_BODY, "en"),
         ):
-            await work_to_draft_ready(client, task_id)
+            await to_draft_ready(client, task_id)
             drafts[task_id] = await call(
                 client, "render", task_id=task_id, body_markdown=body, language=language
             )
             approval = await call(
                 client, "request_approval", task_id=task_id, draft_id=drafts[task_id]["draft_id"]
             )
-            requests.append({"task_id": task_id, **approval})
+            requests.append(approval)
         hebrew, english = drafts[hebrew_task], drafts[english_task]
         assert (hebrew["direction"], hebrew["language"]) == ("rtl", "he")
         assert (english["direction"], english["language"]) == ("ltr", "en")
@@ -747,7 +679,7 @@ async def test_scenario_07_hebrew_rtl_and_english_ltr_survive_stored_copy_read_b
         ):
             assert checks[name]["ok"] is True, (task_id, checks[name])
 
-    copies = sent_copies(station)
+    copies = sent_by_message_id(station)
 
     # Hebrew: the stored copy is right-to-left, Hebrew, and every LTR fragment is isolated.
     hebrew_copy = copies[sends[hebrew_task]["internet_message_id"]]
@@ -783,7 +715,7 @@ async def test_read_back_checks_that_pass_carry_no_failure_message(
     async with station.client() as client:
         _, [claim] = await intake_and_claim(client)
         task_id = claim["task_id"]
-        await work_to_draft_ready(client, task_id)
+        await to_draft_ready(client, task_id)
         note = await call(
             client, "render", task_id=task_id, body_markdown="Eli, see INV-2026-118.", language="en"
         )
@@ -814,24 +746,23 @@ async def test_repeating_a_sent_client_send_is_refused_naming_the_first_send_and
         scanned, [claim] = await intake_and_claim(client)
         await reconcile_all(client, scanned)
         task_id = claim["task_id"]
-        await work_to_draft_ready(client, task_id)
+        await to_draft_ready(client, task_id)
         reply = await call(
             client, "render", task_id=task_id, body_markdown="Dear Dana, here it is.", language="en"
         )
         approval = await call(
             client, "request_approval", task_id=task_id, draft_id=reply["draft_id"]
         )
-        await approve_by_reply(station, client, [{"task_id": task_id, **approval}])
+        await approve_by_reply(station, client, [approval])
         sent = await call(client, "send", task_id=task_id, draft_id=reply["draft_id"], to=[CLIENT])
-        with pytest.raises(MCPError) as refused:
-            await client.call_tool(
-                "send", {"task_id": task_id, "draft_id": reply["draft_id"], "to": [CLIENT]}
-            )
-        read_back = await call(client, "read_back", send_id=refused.value.data["send_id"])
-    to_client = [m for m in sent_copies(station).values() if CLIENT in str(m["To"])]
+        again = await refused(
+            client, "send", task_id=task_id, draft_id=reply["draft_id"], to=[CLIENT]
+        )
+        read_back = await call(client, "read_back", send_id=again.data["send_id"])
+    to_client = [m for m in sent_by_message_id(station).values() if CLIENT in str(m["To"])]
     assert len(to_client) == 1  # never sent twice
-    assert refused.value.code == REFUSED
-    assert refused.value.data["refused"] == "already_sent"
-    assert refused.value.data["send_id"] == sent["send_id"]
-    assert refused.value.data["internet_message_id"] == sent["internet_message_id"]
+    assert again.code == REFUSED
+    assert again.data["refused"] == "already_sent"
+    assert again.data["send_id"] == sent["send_id"]
+    assert again.data["internet_message_id"] == sent["internet_message_id"]
     assert read_back["ok"]

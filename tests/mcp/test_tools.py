@@ -13,13 +13,11 @@ from typing import Any
 
 import pytest
 from mcp import Client
-from mcp.shared.exceptions import MCPError
 from mcp.types import TextContent, TextResourceContents
 
 from agent.domain.records import TaskAmendment
 from agent.testing import FrozenClock
 from mcp_server.models import UNTRUSTED_NOTICE
-from mcp_server.runtime import REFUSED
 from mcp_server.server import SKILLS, skill_text
 from mcp_server.tools import MAX_BODY_CHARS
 from tests.mcp.conftest import (
@@ -28,8 +26,13 @@ from tests.mcp.conftest import (
     COLLEAGUE,
     MAILBOX,
     OperatorStation,
+    approve_by_reply,
     call,
+    intake_and_claim,
+    refused,
+    sent_messages,
     station_context,
+    to_draft_ready,
 )
 
 pytestmark = pytest.mark.anyio
@@ -63,48 +66,13 @@ STANDING = (
 # -- helpers ------------------------------------------------------------------------------
 
 
-async def intake_and_claim(client: Client) -> tuple[str, list[dict[str, Any]]]:
-    """One intake of the station's mailbox, every item claimed in order."""
-    found = await call(client, "intake", mailbox_id=MAILBOX)
-    claims = [
-        await call(client, "claim", run_id=item["run_id"], item_ref=item["item_ref"])
-        for item in found["items"]
-    ]
-    return found["run_id"], claims
-
-
 async def new_task(client: Client, station: OperatorStation, **mail: Any) -> tuple[str, str]:
     """Deliver one message, take it in and claim it; the run and the task it created."""
     station.deliver(**mail)
-    run_id, claims = await intake_and_claim(client)
+    found, claims = await intake_and_claim(client)
     created = [c for c in claims if c["outcome"] == "CLAIMED" and c["task_created"]]
     assert len(created) == 1, claims
-    return run_id, created[0]["task_id"]
-
-
-async def draft_ready(client: Client, task_id: str) -> None:
-    for state in ("EXECUTING", "VERIFYING", "DRAFT_READY"):
-        moved = await call(
-            client, "transition_task", task_id=task_id, state=state, evidence=f"reached {state}"
-        )
-        assert moved["state"] == state
-
-
-async def refused(client: Client, tool: str, **arguments: Any) -> MCPError:
-    """Call a tool that must be refused (JSON-RPC error -32010); the error."""
-    with pytest.raises(MCPError) as caught:
-        await client.call_tool(tool, arguments)
-    assert caught.value.code == REFUSED, caught.value
-    assert isinstance(caught.value.data, dict)
-    return caught.value
-
-
-def sent_copies(station: OperatorStation) -> int:
-    """Messages in the Maildir's Sent folder (approval requests and replies)."""
-    box = mailbox.Maildir(str(station.maildir), create=False)
-    if "Sent" not in box.list_folders():
-        return 0
-    return len(box.get_folder("Sent"))
+    return found["run_id"], created[0]["task_id"]
 
 
 def paths_holding(value: Any, needle: str, path: str = "") -> list[str]:
@@ -135,23 +103,6 @@ def standing_station(tmp_path: Path) -> OperatorStation:
     fresh = OperatorStation(root=tmp_path / "standing", clock=FrozenClock())
     fresh.register(text)
     return fresh
-
-
-async def approve_by_reply(
-    client: Client, station: OperatorStation, task_id: str, draft_id: str
-) -> str:
-    """Ask for approval of the draft; the approver replies 'Approved' and intake takes the
-    reply in. The reply's Message-ID."""
-    asked = await call(client, "request_approval", task_id=task_id, draft_id=draft_id)
-    reply = station.deliver(
-        sender=APPROVER,
-        subject="Re: Approval needed",
-        body="Approved",
-        in_reply_to=asked["request_message_id"],
-    )
-    _, claims = await intake_and_claim(client)
-    assert any(c["outcome"] == "CLAIMED" and c["task_id"] == task_id for c in claims), claims
-    return reply
 
 
 def classify(station: OperatorStation, task_id: str, message_class: str) -> None:
@@ -504,7 +455,7 @@ async def test_gate_check_shows_the_clients_class_and_every_blocking_reason_and_
 ) -> None:
     async with station.client() as client:
         _, task_id = await new_task(client, station, sender=CLIENT)
-        await draft_ready(client, task_id)
+        await to_draft_ready(client, task_id)
         draft = await call(client, "render", task_id=task_id, body_markdown="Hello", language="en")
         before = await call(client, "get_task", task_id=task_id)
         gate = await call(
@@ -526,7 +477,7 @@ async def test_gate_check_shows_the_clients_class_and_every_blocking_reason_and_
     assert len(blockers) >= 2  # the unknown Cc is a reason too
     assert all(r["owner"] for r in gate["reasons"])
     assert after == before
-    assert sent_copies(station) == 0
+    assert len(sent_messages(station.maildir)) == 0
 
 
 async def test_gate_check_lets_internal_mail_to_a_verified_colleague_go_without_approval(
@@ -554,7 +505,7 @@ async def test_send_without_approval_is_refused_with_every_reason_and_sends_noth
 ) -> None:
     async with station.client() as client:
         _, task_id = await new_task(client, station, sender=CLIENT)
-        await draft_ready(client, task_id)
+        await to_draft_ready(client, task_id)
         draft = await call(client, "render", task_id=task_id, body_markdown="Hello", language="en")
         error = await refused(
             client, "send", task_id=task_id, draft_id=draft["draft_id"], to=[CLIENT]
@@ -566,7 +517,7 @@ async def test_send_without_approval_is_refused_with_every_reason_and_sends_noth
     assert reasons[0]["detail"]
     assert task["state"] == "DRAFT_READY"
     assert task["sent_message_id"] is None
-    assert sent_copies(station) == 0
+    assert len(sent_messages(station.maildir)) == 0
 
 
 # -- the approval lifecycle: request, approver's reply, send, read back, report, reconcile --
@@ -577,7 +528,7 @@ async def test_request_approval_sends_the_draft_to_the_approvers_and_the_task_wa
 ) -> None:
     async with station.client() as client:
         _, task_id = await new_task(client, station, sender=CLIENT)
-        await draft_ready(client, task_id)
+        await to_draft_ready(client, task_id)
         draft = await call(client, "render", task_id=task_id, body_markdown="Hello", language="en")
         asked = await call(client, "request_approval", task_id=task_id, draft_id=draft["draft_id"])
         task = await call(client, "get_task", task_id=task_id)
@@ -592,7 +543,7 @@ async def test_request_approval_sends_the_draft_to_the_approvers_and_the_task_wa
     [request] = task["approval_requests"]
     assert request["request_message_id"] == asked["request_message_id"]
     assert request["recipients"] == [CLIENT]
-    assert sent_copies(station) == 1
+    assert len(sent_messages(station.maildir)) == 1
 
 
 async def test_request_approval_is_refused_before_the_task_is_draft_ready(
@@ -608,7 +559,7 @@ async def test_request_approval_is_refused_before_the_task_is_draft_ready(
     assert "DRAFT_READY" in error.message
     assert task["state"] == "TASK_RESOLVED"
     assert task["approval_requests"] == []
-    assert sent_copies(station) == 0
+    assert len(sent_messages(station.maildir)) == 0
 
 
 async def test_record_approval_before_intake_took_the_reply_in_is_refused(
@@ -616,7 +567,7 @@ async def test_record_approval_before_intake_took_the_reply_in_is_refused(
 ) -> None:
     async with station.client() as client:
         _, task_id = await new_task(client, station, sender=CLIENT)
-        await draft_ready(client, task_id)
+        await to_draft_ready(client, task_id)
         draft = await call(client, "render", task_id=task_id, body_markdown="Hello", language="en")
         asked = await call(client, "request_approval", task_id=task_id, draft_id=draft["draft_id"])
         reply = station.deliver(
@@ -635,7 +586,7 @@ async def test_an_approvers_reply_taken_in_by_intake_lets_the_approved_draft_go_
 ) -> None:
     async with station.client() as client:
         first_run, task_id = await new_task(client, station, sender=CLIENT)
-        await draft_ready(client, task_id)
+        await to_draft_ready(client, task_id)
         draft = await call(
             client, "render", task_id=task_id, body_markdown='שלום דנה, המחיר הוא 100 ש"ח.'
         )
@@ -648,7 +599,7 @@ async def test_an_approvers_reply_taken_in_by_intake_lets_the_approved_draft_go_
             body="Approved",
             in_reply_to=asked["request_message_id"],
         )
-        second_run, claims = await intake_and_claim(client)
+        second_found, claims = await intake_and_claim(client)
         [taken] = [c for c in claims if c["outcome"] == "CLAIMED"]
         verdict = await call(client, "record_approval", task_id=task_id, reply_message_id=reply)
         gate = await call(
@@ -659,7 +610,7 @@ async def test_an_approvers_reply_taken_in_by_intake_lets_the_approved_draft_go_
         done = await call(
             client, "report", task_id=task_id, outcome="completed", evidence="sent, read back"
         )
-        second = await call(client, "reconcile", run_id=second_run)
+        second = await call(client, "reconcile", run_id=second_found["run_id"])
 
     assert first["scanned"] == 1 and first["non_terminal"] == 1 and first["clean"] is True
 
@@ -698,7 +649,7 @@ async def test_an_approvers_reply_taken_in_by_intake_lets_the_approved_draft_go_
     assert second["scanned"] == total == 2
     assert second["reconciliation_failed"] == 0
     assert second["clean"] is True
-    assert sent_copies(station) == 2  # the approval request and the reply
+    assert len(sent_messages(station.maildir)) == 2  # the approval request and the reply
 
 
 async def test_a_repeated_send_of_the_same_draft_is_refused_naming_the_send_it_went_out_as(
@@ -706,9 +657,10 @@ async def test_a_repeated_send_of_the_same_draft_is_refused_naming_the_send_it_w
 ) -> None:
     async with station.client() as client:
         _, task_id = await new_task(client, station, sender=CLIENT)
-        await draft_ready(client, task_id)
+        await to_draft_ready(client, task_id)
         draft = await call(client, "render", task_id=task_id, body_markdown="Got it", language="en")
-        await approve_by_reply(client, station, task_id, draft["draft_id"])
+        asked = await call(client, "request_approval", task_id=task_id, draft_id=draft["draft_id"])
+        await approve_by_reply(station, client, [asked])
         sent = await call(client, "send", task_id=task_id, draft_id=draft["draft_id"], to=[CLIENT])
         again = await refused(
             client, "send", task_id=task_id, draft_id=draft["draft_id"], to=[CLIENT]
@@ -719,7 +671,7 @@ async def test_a_repeated_send_of_the_same_draft_is_refused_naming_the_send_it_w
     assert again.data["internet_message_id"] == sent["internet_message_id"]
     assert "read_back" in again.message
     assert checked["ok"] is True
-    assert sent_copies(station) == 2  # the approval request and the one reply
+    assert len(sent_messages(station.maildir)) == 2  # the approval request and the one reply
 
 
 async def test_read_back_passing_checks_carry_no_failure_detail(
@@ -727,11 +679,12 @@ async def test_read_back_passing_checks_carry_no_failure_detail(
 ) -> None:
     async with station.client() as client:
         _, task_id = await new_task(client, station, sender=CLIENT)
-        await draft_ready(client, task_id)
+        await to_draft_ready(client, task_id)
         draft = await call(
             client, "render", task_id=task_id, body_markdown="שלום, ראו https://example.test/a"
         )
-        await approve_by_reply(client, station, task_id, draft["draft_id"])
+        asked = await call(client, "request_approval", task_id=task_id, draft_id=draft["draft_id"])
+        await approve_by_reply(station, client, [asked])
         sent = await call(client, "send", task_id=task_id, draft_id=draft["draft_id"], to=[CLIENT])
         checked = await call(client, "read_back", send_id=sent["send_id"])
     assert checked["ok"] is True
@@ -751,7 +704,7 @@ async def test_a_host_cannot_declare_a_task_into_a_standing_approved_message_cla
     station = standing_station(tmp_path)
     async with station.client() as client:
         _, task_id = await new_task(client, station, sender=CLIENT)
-        await draft_ready(client, task_id)
+        await to_draft_ready(client, task_id)
         draft = await call(client, "render", task_id=task_id, body_markdown="Got it", language="en")
         declared = await refused(
             client, "record_approval", task_id=task_id, standing_class="receipt-confirmation"
@@ -776,7 +729,7 @@ async def test_a_host_cannot_declare_a_task_into_a_standing_approved_message_cla
     assert send.data["refused"] == "gate"
     assert task["state"] == "DRAFT_READY"
     assert task["message_class"] is None
-    assert sent_copies(station) == 0
+    assert len(sent_messages(station.maildir)) == 0
 
 
 async def test_a_standing_approval_covers_a_task_the_server_classified_in_exactly_its_class(
@@ -785,7 +738,7 @@ async def test_a_standing_approval_covers_a_task_the_server_classified_in_exactl
     station = standing_station(tmp_path)
     async with station.client() as client:
         _, task_id = await new_task(client, station, sender=CLIENT)
-        await draft_ready(client, task_id)
+        await to_draft_ready(client, task_id)
         draft = await call(
             client, "render", task_id=task_id, body_markdown="We got your request.", language="en"
         )
@@ -814,7 +767,7 @@ async def test_a_standing_approval_covers_a_task_the_server_classified_in_exactl
     assert checked["ok"] is True
     assert task["message_class"] == "receipt-confirmation"
     assert task["approval_requests"] == []
-    assert sent_copies(station) == 1
+    assert len(sent_messages(station.maildir)) == 1
 
 
 async def test_a_standing_approval_is_refused_before_the_draft_is_ready(tmp_path: Path) -> None:
@@ -918,7 +871,8 @@ async def test_reconcile_figures_add_up_and_a_second_reconcile_gives_the_same_fi
     station.deliver(sender=CLIENT, subject="One")
     station.deliver(sender=CLIENT, subject="Two")
     async with station.client() as client:
-        run_id, claims = await intake_and_claim(client)
+        found, claims = await intake_and_claim(client)
+        run_id = found["run_id"]
         figures = await call(client, "reconcile", run_id=run_id)
     async with station.client() as restarted:  # the run is no longer in memory
         again = await call(restarted, "reconcile", run_id=run_id)

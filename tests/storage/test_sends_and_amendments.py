@@ -17,6 +17,9 @@ from agent.domain.errors import CloseRefused, StoreError, TransitionError
 from agent.domain.execution import ClaimOutcome
 from agent.domain.records import (
     Binding,
+    DraftRecord,
+    LearningProposal,
+    ProposalState,
     SendIntent,
     SendRecord,
     SendState,
@@ -97,11 +100,62 @@ def approval_request(n: int, sent_at: datetime) -> ApprovalRequest:
 # -- schema --------------------------------------------------------------------------------
 
 
-def test_a_fresh_store_is_at_schema_version_3_with_an_empty_sends_ledger(store: Store) -> None:
-    assert store.schema_version() == 3
+def test_a_fresh_store_is_at_schema_version_4_with_empty_sends_drafts_and_proposals(
+    store: Store,
+) -> None:
+    assert store.schema_version() == 4
     assert store.counts()["sends"] == 0
     assert store.list_sends(WS) == []
+    assert store.get_draft("draft-none") is None
+    assert store.list_proposals(WS) == []
     assert store.integrity_check() == "ok"
+
+
+# -- drafts and learning proposals ------------------------------------------------------------
+
+
+def test_a_saved_draft_is_kept_once_and_read_back_by_id(h: Harness, clock: FrozenClock) -> None:
+    task = new_task(h)
+    first = DraftRecord(
+        draft_id="draft-1",
+        task_id=task.task_id,
+        workspace_id=WS,
+        digest="d" * 64,
+        rendered='{"subject": "Re: x"}',
+        created_at=clock.now(),
+    )
+    assert h.store.save_draft(first) == first
+    # Saving the same id again keeps the first one (a draft's id names its content).
+    again = first.model_copy(update={"rendered": "{}", "created_at": clock.advance(minutes=1)})
+    assert h.store.save_draft(again) == first
+    assert h.store.get_draft("draft-1") == first
+
+
+def test_a_learning_proposal_is_queued_once_in_submission_order(
+    store: Store, clock: FrozenClock
+) -> None:
+    register(store, WS)
+
+    def proposal(n: int) -> LearningProposal:
+        return LearningProposal(
+            proposal_id=f"lp-{n}",
+            workspace_id=WS,
+            kind="new_contact",
+            summary=f"add contact {n}",
+            detail="seen in three threads",
+            evidence=(f"<m{n}@contoso.test>",),
+            submitted_at=clock.advance(minutes=1),
+        )
+
+    assert store.add_proposal(proposal(1)).created
+    assert store.add_proposal(proposal(2)).created
+    repeat = store.add_proposal(proposal(1))
+    assert not repeat.created and repeat.summary == "add contact 1"
+    listed = store.list_proposals(WS)
+    assert [p.proposal_id for p in listed] == ["lp-1", "lp-2"]
+    assert listed[0].state is ProposalState.QUEUED
+    assert listed[0].evidence == ("<m1@contoso.test>",)
+    assert store.list_proposals("ws-other") == []
 
 
 # -- the sends ledger ------------------------------------------------------------------------
