@@ -146,6 +146,9 @@ class ClaimView(_Out):
     message: UntrustedMessage | None = Field(
         default=None, description="the claimed message, for the holder to work on"
     )
+    message_error: str | None = Field(
+        default=None, description="why the claimed message's body could not be read now"
+    )
 
 
 class DraftView(_Out):

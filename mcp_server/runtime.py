@@ -4,11 +4,12 @@ runs intake started in this process. Built once, in the server's lifespan."""
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Generator
-from contextlib import contextmanager
+from collections.abc import AsyncGenerator, Generator
+from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import anyio
 from mcp.server.mcpserver.exceptions import ToolError
 from mcp.shared.exceptions import MCPError
 
@@ -56,6 +57,28 @@ class Runtime:
     claimed: dict[tuple[str, str], ClaimView] = field(
         default_factory=dict[tuple[str, str], ClaimView]
     )
+    failed_claims: dict[tuple[str, str], str] = field(default_factory=dict[tuple[str, str], str])
+
+    _locks: dict[tuple[str, ...], tuple[anyio.Lock, list[int]]] = field(
+        default_factory=dict[tuple[str, ...], tuple[anyio.Lock, list[int]]]
+    )
+
+    @asynccontextmanager
+    async def serialized(self, *key: str) -> AsyncGenerator[None]:
+        """Calls about one task (or one scanned item) run one at a time in this server, so
+        a check and the write that depends on it are never interleaved with another call's.
+        Between servers the store's constraints and row locks decide."""
+        entry = self._locks.get(key)
+        if entry is None:
+            entry = self._locks[key] = (anyio.Lock(), [0])
+        entry[1][0] += 1
+        try:
+            async with entry[0]:
+                yield
+        finally:
+            entry[1][0] -= 1
+            if entry[1][0] == 0:
+                del self._locks[key]
 
     def keep_run(self, run: Scan) -> None:
         self.runs[run.run_id] = run
@@ -67,6 +90,8 @@ class Runtime:
         self.runs.pop(run_id, None)
         for key in [k for k in self.claimed if k[0] == run_id]:
             del self.claimed[key]
+        for key in [k for k in self.failed_claims if k[0] == run_id]:
+            del self.failed_claims[key]
 
     def binding(self, context: WorkspaceContext, mailbox_id: str) -> MailboxBinding:
         for binding in context.mailboxes:

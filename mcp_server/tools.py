@@ -12,7 +12,7 @@ from mcp.server.mcpserver.tools import Tool
 from mcp.types import CreateMessageResult, SamplingMessage, TextContent, ToolAnnotations
 from pydantic import ConfigDict, Field
 
-from agent.domain.errors import ContextError, RegistryError
+from agent.domain.errors import ContextError, ProviderError, RegistryError
 from agent.domain.gates import GateResult
 from agent.domain.mail import MessageBody
 from agent.domain.states import TaskState
@@ -20,6 +20,7 @@ from agent.domain.task import Task
 from agent.rendering.text import visible_text
 from agent.services import approvals, closure, drafts, intake, learning, replies
 from agent.services.gate_check import check_send, load_task
+from agent.services.holder import holder_alive
 from agent.services.workspaces import load_context, registered_context
 from mcp_server.models import (
     AccessView,
@@ -57,7 +58,9 @@ MAX_BODY_CHARS = 20_000
 Id = Annotated[str, Field(min_length=1, max_length=200, pattern=r"^[^\x00-\x1f\x7f]+$")]
 Address = Annotated[str, Field(min_length=3, max_length=320, pattern=r"^[^\s<>,;]+@[^\s<>,;]+$")]
 Recipients = Annotated[list[Address], Field(max_length=50)]
-Evidence = Annotated[str, Field(min_length=1, max_length=2000)]
+NO_NUL = r"^[^\x00]*$"
+"""Free text may hold anything a person writes, except NUL (no store keeps it)."""
+Evidence = Annotated[str, Field(min_length=1, max_length=2000, pattern=NO_NUL)]
 
 #: The states a host may move a task to. The approval and send states are the server's:
 #: request_approval, an approver's reply (judged at intake), a standing approval
@@ -285,46 +288,61 @@ async def claim_tool(
     EXECUTION_ALREADY_DONE: then do nothing for it. Claiming the same item again returns the
     first answer."""
     rt = runtime_of(ctx)
-    known = rt.claimed.get((run_id, item_ref))
-    if known is not None:
-        return known
-    run = rt.runs.get(run_id)
-    if run is None:
-        raise ToolError(
-            f"run {run_id} is not open in this server (it was reconciled, ran in another "
-            "process, or the server restarted); call intake again - the new run claims what "
-            "this one did not"
-        )
-    index = run.index_of(item_ref)
-    if index is None:
-        raise ToolError(
-            f"run {run_id} scanned no item {item_ref!r}; use an item_ref intake returned"
-        )
-    with mapped_errors():
-        outcome = await intake.claim_item(run, index, rt.clock)
-        intake.flush(run, rt.clock)
-        if outcome is None:
+    async with rt.serialized("run", run_id):
+        known = rt.claimed.get((run_id, item_ref))
+        if known is not None:
+            return known
+        failed = rt.failed_claims.get((run_id, item_ref))
+        if failed is not None:
+            raise ToolError(failed)
+        run = rt.runs.get(run_id)
+        if run is None:
             raise ToolError(
+                f"run {run_id} is not open in this server (it was reconciled, ran in another "
+                "process, or the server restarted); call intake again - the new run claims "
+                "what this one did not"
+            )
+        index = run.index_of(item_ref)
+        if index is None:
+            raise ToolError(
+                f"run {run_id} scanned no item {item_ref!r}; use an item_ref intake returned"
+            )
+        with mapped_errors():
+            outcome = await intake.claim_item(run, index, rt.clock)
+            intake.flush(run, rt.clock)
+        if outcome is None:
+            failed = (
                 f"handling item {item_ref} failed ({run.result.item_errors[-1]}); it stays "
                 "unreconciled in this run and a later run takes it over"
             )
+            rt.failed_claims[(run_id, item_ref)] = failed
+            raise ToolError(failed)
+        view = ClaimView(
+            run_id=run_id,
+            item_ref=item_ref,
+            outcome=outcome.claim.value if outcome.claim is not None else None,
+            disposition=outcome.disposition.value,
+            task_id=outcome.task_id,
+            task_created=outcome.task_created,
+            detail=shown_plain(outcome.detail),
+        )
+        # The claim is decided and recorded: a repeat returns this answer whatever follows.
+        rt.claimed[(run_id, item_ref)] = view
         plan = run.item(index)
-        body: MessageBody | None = None
-        if outcome.task_id is not None and plan.envelope is not None:
-            provider = run.providers[plan.mailbox.mailbox_id]
-            body = await provider.fetch_body(plan.envelope.body_ref)
-    view = ClaimView(
-        run_id=run_id,
-        item_ref=item_ref,
-        outcome=outcome.claim.value if outcome.claim is not None else None,
-        disposition=outcome.disposition.value,
-        task_id=outcome.task_id,
-        task_created=outcome.task_created,
-        detail=shown_plain(outcome.detail),
-        message=_message_view(plan, body) if body is not None else None,
-    )
-    rt.claimed[(run_id, item_ref)] = view
-    return view
+        if outcome.task_id is None or plan.envelope is None:
+            return view
+        try:
+            body = await run.providers[plan.mailbox.mailbox_id].fetch_body(plan.envelope.body_ref)
+        except ProviderError as exc:
+            return view.model_copy(
+                update={
+                    "message_error": f"the message body could not be read now ({exc}); the "
+                    "claim stands - read the task with get_task and retry later"
+                }
+            )
+        view = view.model_copy(update={"message": _message_view(plan, body)})
+        rt.claimed[(run_id, item_ref)] = view
+        return view
 
 
 async def get_task_tool(
@@ -363,11 +381,13 @@ async def transition_task_tool(
     while a gate is open. Moving to the state the task is already in changes nothing."""
     rt = runtime_of(ctx)
     target = TaskState(state)
-    with mapped_errors():
-        task = load_task(rt.station.store, task_id)
-        if task.state is target:
-            return task_view(task)
-        return task_view(closure.release(rt.station.store, task_id, target, evidence, rt.clock))
+    async with rt.serialized("task", task_id):
+        with mapped_errors():
+            task = load_task(rt.station.store, task_id)
+            if task.state is target:
+                return task_view(task)
+            released = closure.release(rt.station.store, task_id, target, evidence, rt.clock)
+    return task_view(released)
 
 
 async def request_approval_tool(
@@ -386,14 +406,15 @@ async def request_approval_tool(
     recipients. An approver answers by replying to that email; intake takes the reply in."""
     rt = runtime_of(ctx)
     store = rt.station.store
-    with mapped_errors():
-        task = load_task(store, task_id)
-        _, rendered = drafts.load_draft(store, task_id, draft_id)
-        clients = (*(to if to is not None else [task.sender_identity]), *cc)
-        request = await approvals.request_approval(
-            store, rt.provider_for_task(task), task_id, draft_id, rendered, clients, rt.clock
-        )
-        task = load_task(store, task_id)
+    async with rt.serialized("task", task_id):
+        with mapped_errors():
+            task = load_task(store, task_id)
+            _, rendered = drafts.load_draft(store, task_id, draft_id)
+            clients = (*(to if to is not None else [task.sender_identity]), *cc)
+            request = await approvals.request_approval(
+                store, rt.provider_for_task(task), task_id, draft_id, rendered, clients, rt.clock
+            )
+            task = load_task(store, task_id)
     return ApprovalView(
         task_id=task_id,
         draft_id=draft_id,
@@ -424,14 +445,15 @@ async def record_approval_tool(
     exactly its message class (a caller cannot declare the class) and moves it from
     DRAFT_READY to APPROVED_TO_SEND. Anything else is refused."""
     rt = runtime_of(ctx)
-    with mapped_errors():
-        task, finding = approvals.record_approval(
-            rt.station.store,
-            task_id,
-            rt.clock,
-            message_id=reply_message_id,
-            standing_class=standing_class,
-        )
+    async with rt.serialized("task", task_id):
+        with mapped_errors():
+            task, finding = approvals.record_approval(
+                rt.station.store,
+                task_id,
+                rt.clock,
+                message_id=reply_message_id,
+                standing_class=standing_class,
+            )
     return ApprovalView(task_id=task_id, finding=shown_plain(finding), task_state=task.state.value)
 
 
@@ -443,6 +465,7 @@ Guidance = Annotated[
     str,
     Field(
         max_length=4000,
+        pattern=NO_NUL,
         description="without body_markdown: what the reply must say (facts from your work)",
     ),
 ]
@@ -486,6 +509,7 @@ async def render_tool(
         str | None,
         Field(
             min_length=1,
+            pattern=NO_NUL,
             max_length=drafts.MAX_DRAFT_CHARS,
             description="the reply's body in Markdown; leave it out to have the host's model "
             "draft it through sampling",
@@ -558,17 +582,18 @@ async def send_tool(
     The same draft to the same recipients is never sent twice. Then call read_back."""
     rt = runtime_of(ctx)
     store = rt.station.store
-    with mapped_errors():
-        task = load_task(store, task_id)
-        done = await replies.send_reply(
-            store,
-            rt.provider_for_task(task),
-            task_id,
-            draft_id,
-            to=to,
-            cc=cc,
-            clock=rt.clock,
-        )
+    async with rt.serialized("task", task_id):
+        with mapped_errors():
+            task = load_task(store, task_id)
+            done = await replies.send_reply(
+                store,
+                rt.provider_for_task(task),
+                task_id,
+                draft_id,
+                to=to,
+                cc=cc,
+                clock=rt.clock,
+            )
     to_addrs, cc_addrs = done.gate.plan.addresses()
     result = done.outcome.result
     record = done.outcome.record
@@ -600,7 +625,8 @@ async def read_back_tool(
         if record is None or record.task_id is None:
             raise RegistryError(f"no send {send_id!r}; read_back takes the send_id send returned")
         provider = rt.provider_for_task(load_task(store, record.task_id))
-        found = await replies.read_back(store, provider, send_id, rt.clock)
+        async with rt.serialized("task", record.task_id):
+            found = await replies.read_back(store, provider, send_id, rt.clock)
     return ReadBackView(
         send_id=send_id,
         ok=found.report.ok,
@@ -628,18 +654,30 @@ async def reconcile_tool(run_id: Id, ctx: Context) -> ReconciliationView:
     non-terminal + claim-race); an item left without one is RECONCILIATION_FAILED and is
     taken again by the next run. Then the reminders now due are sent."""
     rt = runtime_of(ctx)
-    with mapped_errors():
-        run = rt.runs.get(run_id)
-        if run is not None:
-            result = await intake.finish(run, rt.clock)
-            rt.forget_run(run_id)
-            rec, reminders = result.reconciliation, result.reminders
-        else:
-            if rt.station.store.run_summary(run_id) is None and run_id not in set(
-                rt.station.store.list_runs()
-            ):
-                raise RegistryError(f"no run {run_id}; reconcile takes a run_id intake returned")
-            rec, reminders = rt.station.store.reconcile(run_id, rt.clock.now()), []
+    async with rt.serialized("run", run_id):
+        with mapped_errors():
+            run = rt.runs.get(run_id)
+            if run is not None:
+                result = await intake.finish(run, rt.clock)
+                rt.forget_run(run_id)
+                rec, reminders = result.reconciliation, result.reminders
+            else:
+                # A run this server does not hold: report it if it was reconciled, reconcile it
+                # if its worker is gone; never close a run a live worker is still claiming.
+                store = rt.station.store
+                rec, reminders = store.run_summary(run_id), []
+                if rec is None:
+                    rec = store.reconcile_stale(run_id, rt.clock.now(), holder_alive)
+                if rec is None:
+                    if run_id not in set(store.list_runs()):
+                        raise RegistryError(
+                            f"no run {run_id}; reconcile takes a run_id intake returned"
+                        )
+                    raise ToolError(
+                        f"run {run_id} is still open in another live worker (or in this server "
+                        "before a restart, until its lease runs out); that worker reconciles it, "
+                        "or the next intake of its workspace does once it is stale"
+                    )
     assert rec is not None
     return ReconciliationView(
         run_id=run_id,
@@ -656,9 +694,9 @@ async def reconcile_tool(run_id: Id, ctx: Context) -> ReconciliationView:
 async def submit_learning_tool(
     workspace_id: Id,
     kind: Literal["new_contact", "contact_change", "rule", "other"],
-    summary: Annotated[str, Field(min_length=1, max_length=300)],
+    summary: Annotated[str, Field(min_length=1, max_length=300, pattern=NO_NUL)],
     ctx: Context,
-    detail: Annotated[str, Field(max_length=5000)] = "",
+    detail: Annotated[str, Field(max_length=5000, pattern=NO_NUL)] = "",
     evidence: Annotated[list[Id], Field(max_length=20, description="Message-IDs or task ids")] = [],  # noqa: B006
 ) -> ProposalView:
     """Propose a change to the workspace context (a new contact, a rule). It is queued for

@@ -366,11 +366,18 @@ def unaccepted_attachments(context: WorkspaceContext, names: Iterable[str]) -> t
     return tuple(refused)
 
 
-def clarification_request(context: WorkspaceContext, names: Sequence[str]) -> str:
+def clarification_request(
+    context: WorkspaceContext, names: Sequence[str], refused: Sequence[str]
+) -> str:
+    """What to ask the sender. The attachments are named by their position in the message,
+    never by their names: a name is untrusted text and must not become an instruction."""
+    positions = [str(i) for i, name in enumerate(names, start=1) if name in set(refused)]
+    which = "attachment " if len(positions) == 1 else "attachments "
     return (
         "ask the sender for "
-        + ", ".join(repr(n) for n in names)
-        + " in an accepted format ("
+        + which
+        + ", ".join(positions)
+        + f" (of {len(names)}) again in an accepted format ("
         + ", ".join(context.attachments.accepted)
         + ")"
     )

@@ -12,6 +12,13 @@ from pydantic import BaseModel, ConfigDict
 
 from agent.domain.envelope import Envelope
 
+#: RFC 3834 Auto-Submitted values and RFC 6522 report types repeated in reasons (any other
+#: value is the sender's text and is not repeated).
+_REGISTERED_AUTO = frozenset({"auto-generated", "auto-replied", "auto-notified"})
+_REGISTERED_REPORTS = frozenset(
+    {"delivery-status", "disposition-notification", "feedback-report", "tlsrpt"}
+)
+
 
 class NoiseKind(StrEnum):
     AUTO_REPLY = "auto_reply"
@@ -49,14 +56,22 @@ def noise(envelope: Envelope, *, own_addresses: frozenset[str], known_sender: bo
     if envelope.report_type is not None:
         return Noise(
             kind=NoiseKind.AUTOMATED,
-            reason=f"automated report ({envelope.report_type}) that reports no failure",
+            reason="automated report ("
+            + (
+                envelope.report_type
+                if envelope.report_type in _REGISTERED_REPORTS
+                else "another type"
+            )
+            + ") that reports no failure",
         )
     auto = (envelope.auto_submitted or "").strip().lower()
     auto_value = auto.split(";", 1)[0].strip()
     if auto_value == "auto-replied":
         return Noise(kind=NoiseKind.AUTO_REPLY, reason="Auto-Submitted: auto-replied")
     if auto_value and auto_value != "no":
-        return Noise(kind=NoiseKind.AUTOMATED, reason=f"Auto-Submitted: {auto_value}")
+        # The header's value is the sender's text: only a registered value is repeated.
+        shown_value = auto_value if auto_value in _REGISTERED_AUTO else "an unregistered value"
+        return Noise(kind=NoiseKind.AUTOMATED, reason=f"Auto-Submitted: {shown_value}")
     precedence = (envelope.precedence or "").strip().lower()
     if precedence == "auto_reply":
         return Noise(kind=NoiseKind.AUTO_REPLY, reason="Precedence: auto_reply")

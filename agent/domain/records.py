@@ -156,9 +156,12 @@ class SendIntent(BaseModel):
     task_id: str | None
     internet_message_id: str
     recipients: tuple[str, ...]
+    """To, then Cc, in order."""
     automated: bool
     holder: str = ""
     """The worker sending it (filled in by the sending service)."""
+    cc: tuple[str, ...] = ()
+    """The recipients that were Cc (the last ones of ``recipients``)."""
 
 
 class SendRecord(BaseModel):
@@ -178,6 +181,11 @@ class SendRecord(BaseModel):
     provider_message_id: str | None = None
     created: bool = False
     """True when this call recorded the intent (False: the key was already ledgered)."""
+    cc: tuple[str, ...] = ()
+
+    @property
+    def to(self) -> tuple[str, ...]:
+        return self.recipients[: len(self.recipients) - len(self.cc)]
 
 
 class WorkspaceRow(BaseModel):

@@ -10,6 +10,7 @@ form fields): a reader of approvals then does not trust the HTML part.
 from __future__ import annotations
 
 import re
+from urllib.parse import unquote
 
 from selectolax.lexbor import LexborHTMLParser
 
@@ -56,3 +57,17 @@ def visible_text(html: str) -> str:
         return ""
     lines = (" ".join(line.split()) for line in root.text(separator="").split("\n"))
     return "\n".join(line for line in lines if line)
+
+
+def link_targets(html: str) -> tuple[str, ...]:
+    """Every URL an element of the HTML points at (href, src, action, ...), decoded."""
+    root = LexborHTMLParser(html).root
+    if root is None:
+        return ()
+    found: list[str] = []
+    for node in root.traverse():
+        for name in ("href", "src", "action", "formaction", "cite", "background", "poster"):
+            value = node.attributes.get(name)
+            if value:
+                found.append(unquote(value))
+    return tuple(dict.fromkeys(found))

@@ -103,7 +103,9 @@ async def request_approval(
     digest = draft_digest(draft.subject, draft.html, draft.text)
     # Each request is its own message (asking again for the same draft after changes were
     # requested is a new request); a retry of the same call finds the same key.
-    key = f"approval|{task_id}|{len(task.approval_requests) + 1}|{draft_id}|{digest}"
+    key = f"approval|{task_id}|{len(task.approval_requests) + 1}|{draft_id}|{digest}|" + ",".join(
+        sorted(clients)
+    )
     to, cc = plan.addresses()
     shown_to = ", ".join(clients)
     intent, message = outgoing(

@@ -76,7 +76,7 @@ def _new_work(
     """Routing of a new thread once noise, preflight and conflicts are ruled out."""
     refused = unaccepted_attachments(context, envelope.attachment_names)
     if refused:
-        ask = clarification_request(context, refused)
+        ask = clarification_request(context, envelope.attachment_names, refused)
         return (
             TaskState.TASK_RESOLVED,
             Disposition.QUEUED,

@@ -8,6 +8,7 @@ an operator's ``outloop workspace update`` does.
 from __future__ import annotations
 
 import hashlib
+import json
 from collections.abc import Sequence
 
 from agent.domain.records import LearningProposal
@@ -29,7 +30,7 @@ def submit(
     once)."""
     load_context(store, workspace_id)  # a registered workspace, or a clear error
     digest = hashlib.sha256(
-        "\x00".join((workspace_id, kind, summary, detail, *evidence)).encode("utf-8", "replace")
+        json.dumps([workspace_id, kind, summary, detail, list(evidence)]).encode()
     ).hexdigest()
     return store.add_proposal(
         LearningProposal(

@@ -162,6 +162,7 @@ def outgoing(
         internet_message_id=mid,
         recipients=(*to, *cc),
         automated=automated,
+        cc=cc,
     )
     return intent, message
 

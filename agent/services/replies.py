@@ -59,20 +59,24 @@ class ReplyOutcome:
     task: Task
 
 
-def reply_key(draft_id: str, to: Sequence[str], cc: Sequence[str]) -> str:
-    """One send of one draft to exactly these recipients."""
-    return f"{_KEY_PREFIX}|{draft_id}|to={','.join(to)}|cc={','.join(cc)}"
+def reply_key(
+    draft_id: str, communication: Communication, to: Sequence[str], cc: Sequence[str]
+) -> str:
+    """The ledger key of a reply. A client-facing draft goes out once, whatever recipients a
+    later call names (its approval covers one send); an internal draft goes once to each
+    set of recipients, however they are split between To and Cc."""
+    if communication is Communication.CLIENT_FACING:
+        return f"{_KEY_PREFIX}|{draft_id}|client"
+    return f"{_KEY_PREFIX}|{draft_id}|internal|{','.join(sorted({*to, *cc}))}"
 
 
-def _parse_key(key: str) -> tuple[str, tuple[str, ...], tuple[str, ...]]:
+def _draft_of(key: str) -> str:
     parts = key.split("|")
-    if len(parts) != 4 or parts[0] != _KEY_PREFIX:
+    if len(parts) < 3 or parts[0] != _KEY_PREFIX:
         raise RegistryError(
             f"send {key!r} is not a reply sent by send; read_back takes the send_id send returned"
         )
-    to = tuple(a for a in parts[2].removeprefix("to=").split(",") if a)
-    cc = tuple(a for a in parts[3].removeprefix("cc=").split(",") if a)
-    return parts[1], to, cc
+    return parts[1]
 
 
 def _parent(task: Task) -> str | None:
@@ -129,11 +133,18 @@ async def send_reply(
     task = load_task(store, task_id)
     record, rendered = load_draft(store, task_id, draft_id)
     gate = check_send(store, task_id, facts(record, rendered), to=to, cc=cc)
+    to_addrs, cc_addrs = gate.plan.addresses()
+    key = reply_key(draft_id, gate.communication, to_addrs, cc_addrs)
+    done = store.get_send(key)
+    if done is not None and done.state is SendState.SENT:
+        raise AlreadySent(done)
     if not gate.ready:
-        done = store.get_send(reply_key(draft_id, *gate.plan.addresses()))
-        if done is not None and done.state is SendState.SENT:
-            raise AlreadySent(done)
         raise SendRefused(gate)
+    if done is not None and (done.to, done.cc) != (to_addrs, cc_addrs):
+        raise GateRefused(
+            f"draft {draft_id} has an unfinished send to {', '.join(done.recipients)}; repeat "
+            "exactly that send (or read_back its send_id later) - a draft goes out once"
+        )
     client = gate.communication is Communication.CLIENT_FACING
     if client and task.state is TaskState.DRAFT_READY:
         # A standing approval covers this message class: the task records the basis first.
@@ -146,8 +157,6 @@ async def send_reply(
             ),
             clock.now(),
         )
-    to_addrs, cc_addrs = gate.plan.addresses()
-    key = reply_key(draft_id, to_addrs, cc_addrs)
     kind = SendKind.CLIENT_REPLY if client else SendKind.INTERNAL_REPLY
     intent, message = _message(task, key, rendered, to_addrs, cc_addrs, kind, _parent(task))
     mid = intent.internet_message_id
@@ -164,7 +173,7 @@ async def send_reply(
     if client:
         amendment = amendment.model_copy(
             update={
-                "expect_states": (TaskState.APPROVED_TO_SEND, TaskState.CLIENT_REPLY_SENT),
+                "expect_states": (TaskState.APPROVED_TO_SEND,),
                 "state": TaskState.CLIENT_REPLY_SENT,
                 "remove_gate_kinds": (GateKind.INTERNAL_APPROVAL,),
                 "communication_state": CommunicationState.CLIENT_REPLY_SENT,
@@ -195,7 +204,8 @@ async def read_back(store: Store, provider: MailProvider, send_id: str, clock: C
     record = store.get_send(send_id)
     if record is None:
         raise RegistryError(f"no send {send_id!r}; read_back takes the send_id send returned")
-    draft_id, to, cc = _parse_key(record.key)
+    draft_id = _draft_of(record.key)
+    to, cc = record.to, record.cc
     if record.task_id is None:
         raise RegistryError(f"send {send_id!r} belongs to no task")
     task = load_task(store, record.task_id)

@@ -182,4 +182,12 @@ MIGRATIONS: tuple[tuple[int, tuple[str, ...]], ...] = (
             " ON learning_proposals (workspace_id, state, submitted_at)",
         ),
     ),
+    (
+        5,
+        (
+            # Which of a send's recipients were Cc (the rest were To, in order): read-back
+            # checks the stored copy's To and Cc against exactly what was sent.
+            "ALTER TABLE sends ADD COLUMN cc TEXT",
+        ),
+    ),
 )

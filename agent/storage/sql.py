@@ -1093,6 +1093,7 @@ class SqlStore:
             sent_at=dt(row["sent_at"]),
             provider_message_id=row["provider_message_id"],
             created=created,
+            cc=tuple(json.loads(row["cc"])) if row["cc"] else (),
         )
 
     def begin_send(self, intent: SendIntent, now: datetime, cap: int | None = None) -> SendRecord:
@@ -1130,8 +1131,8 @@ class SqlStore:
                         )
             row = conn.execute(
                 "INSERT INTO sends (key, workspace_id, kind, task_id, internet_message_id,"
-                " recipients, holder, state, detail, created_at)"
-                " VALUES (?, ?, ?, ?, ?, ?, ?, 'intent', '', ?) RETURNING *",
+                " recipients, holder, state, detail, created_at, cc)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, 'intent', '', ?, ?) RETURNING *",
                 (
                     intent.key,
                     intent.workspace_id,
@@ -1141,6 +1142,7 @@ class SqlStore:
                     json.dumps(list(intent.recipients)),
                     intent.holder,
                     ts(now),
+                    json.dumps(list(intent.cc)),
                 ),
             ).fetchone()
             if intent.automated:

@@ -201,8 +201,9 @@ async def test_row_an_attachment_in_a_format_outside_the_context_asks_for_clarif
     item = await _one(world)
     assert item.disposition is Disposition.QUEUED
     task = world.only_task()
-    assert "figures.numbers" in task.next_action.description
-    assert "contract.pdf" not in task.next_action.description
+    # The attachment is named by its position: its name is untrusted text.
+    assert "attachment 2 (of 2)" in task.next_action.description
+    assert "figures.numbers" not in task.next_action.description
     assert task.attachment_names == ("contract.pdf", "figures.numbers")
 
 

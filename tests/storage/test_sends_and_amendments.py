@@ -29,6 +29,7 @@ from agent.domain.states import TRANSITIONS, TaskState
 from agent.domain.task import Gate, MessageRef, Task
 from agent.ports import Store
 from agent.storage.postgres import PostgresStore
+from agent.storage.schema import MIGRATIONS
 from agent.storage.sqlite import SqliteStore
 from agent.testing import FrozenClock
 from tests.conftest import pg_url_at
@@ -100,10 +101,10 @@ def approval_request(n: int, sent_at: datetime) -> ApprovalRequest:
 # -- schema --------------------------------------------------------------------------------
 
 
-def test_a_fresh_store_is_at_schema_version_4_with_empty_sends_drafts_and_proposals(
+def test_a_fresh_store_is_at_the_latest_schema_version_with_empty_sends_drafts_and_proposals(
     store: Store,
 ) -> None:
-    assert store.schema_version() == 4
+    assert store.schema_version() == MIGRATIONS[-1][0] == 5
     assert store.counts()["sends"] == 0
     assert store.list_sends(WS) == []
     assert store.get_draft("draft-none") is None
