@@ -291,7 +291,13 @@ async def claim_tool(
     async with rt.serialized("run", run_id):
         known = rt.claimed.get((run_id, item_ref))
         if known is not None:
-            return known
+            if known.message_error is None:
+                return known
+            run = rt.runs.get(run_id)
+            index = run.index_of(item_ref) if run is not None else None
+            if run is None or index is None:
+                return known
+            return await _with_message(rt, run, index, known)
         failed = rt.failed_claims.get((run_id, item_ref))
         if failed is not None:
             raise ToolError(failed)
@@ -328,21 +334,30 @@ async def claim_tool(
         )
         # The claim is decided and recorded: a repeat returns this answer whatever follows.
         rt.claimed[(run_id, item_ref)] = view
-        plan = run.item(index)
-        if outcome.task_id is None or plan.envelope is None:
+        if outcome.task_id is None or run.item(index).envelope is None:
             return view
-        try:
-            body = await run.providers[plan.mailbox.mailbox_id].fetch_body(plan.envelope.body_ref)
-        except ProviderError as exc:
-            return view.model_copy(
-                update={
-                    "message_error": f"the message body could not be read now ({exc}); the "
-                    "claim stands - read the task with get_task and retry later"
-                }
-            )
-        view = view.model_copy(update={"message": _message_view(plan, body)})
-        rt.claimed[(run_id, item_ref)] = view
-        return view
+        return await _with_message(rt, run, index, view)
+
+
+async def _with_message(rt: Runtime, run: intake.Scan, index: int, view: ClaimView) -> ClaimView:
+    """The claim with its message read from the provider (or why it cannot be read now: a
+    repeat of the claim tries again)."""
+    plan = run.item(index)
+    assert plan.envelope is not None
+    try:
+        body = await run.providers[plan.mailbox.mailbox_id].fetch_body(plan.envelope.body_ref)
+    except ProviderError as exc:
+        view = view.model_copy(
+            update={
+                "message": None,
+                "message_error": f"the message body could not be read now ({exc}); the claim "
+                "stands - call claim again for the same item to retry reading it",
+            }
+        )
+    else:
+        view = view.model_copy(update={"message": _message_view(plan, body), "message_error": None})
+    rt.claimed[(view.run_id, view.item_ref)] = view
+    return view
 
 
 async def get_task_tool(
