@@ -17,7 +17,8 @@ from agent.domain.gates import GateResult
 from agent.domain.mail import MessageBody
 from agent.domain.states import TaskState
 from agent.domain.task import Task
-from agent.rendering.text import visible_text
+from agent.domain.untrusted import shown
+from agent.rendering.text import readable_text
 from agent.services import approvals, closure, drafts, intake, learning, replies
 from agent.services.gate_check import check_send, load_task
 from agent.services.holder import holder_alive
@@ -46,8 +47,6 @@ from mcp_server.models import (
     UntrustedMessage,
     UntrustedTaskFields,
     UntrustedText,
-    shown_names,
-    shown_plain,
     untrusted_text,
 )
 from mcp_server.runtime import Runtime, mapped_errors
@@ -110,10 +109,10 @@ def task_view(task: Task) -> TaskView:
         received_at=task.received_at,
         client_send_policy=task.client_send_policy,
         open_gates=[
-            GateView(kind=g.kind.value, owner=g.owner, reason=shown_plain(g.reason), since=g.since)
+            GateView(kind=g.kind.value, owner=g.owner, reason=shown(g.reason), since=g.since)
             for g in task.open_gates
         ],
-        next_action=shown_plain(task.next_action.description),
+        next_action=shown(task.next_action.description),
         next_action_owner=task.next_action.owner,
         remaining_work=task.remaining_work,
         provisional_basis=dict(task.provisional_basis),
@@ -136,7 +135,7 @@ def task_view(task: Task) -> TaskView:
                 approver=d.approver,
                 draft_id=d.draft_id,
                 evidence_message_id=d.evidence_message_id,
-                reason=shown_plain(d.reason),
+                reason=shown(d.reason),
                 decided_at=d.decided_at,
             )
             for d in task.approval_decisions
@@ -188,8 +187,7 @@ def _gate_view(task_id: str, draft_id: str, gate: GateResult) -> GateCheckView:
 
 
 def _body(body: MessageBody) -> tuple[str, bool]:
-    text = body.text if body.text.strip() else (visible_text(body.html) if body.html else "")
-    text = shown_plain(text.replace("\r\n", "\n")).replace("[U+000A]", "\n")
+    text = readable_text(body.text, body.html)
     return text[:MAX_BODY_CHARS], len(text) > MAX_BODY_CHARS
 
 
@@ -205,7 +203,7 @@ def _message_view(plan: intake.Planned, body: MessageBody | None = None) -> Untr
         received_at=envelope.received_at,
         body_text=text,
         body_truncated=truncated,
-        attachment_names=shown_names(envelope.attachment_names),
+        attachment_names=[untrusted_text(n) for n in envelope.attachment_names],
     )
 
 
@@ -261,7 +259,7 @@ async def intake_tool(
                     run_id=run.run_id,
                     item_ref=plan.ref,
                     workspace_id=plan.owner,
-                    escalation_reason=shown_plain(plan.reason),
+                    escalation_reason=shown(plan.reason),
                     untrusted=_message_view(plan),
                 )
                 for plan in run.planned
@@ -330,11 +328,11 @@ async def claim_tool(
             disposition=outcome.disposition.value,
             task_id=outcome.task_id,
             task_created=outcome.task_created,
-            detail=shown_plain(outcome.detail),
+            detail=shown(outcome.detail),
         )
         # The claim is decided and recorded: a repeat returns this answer whatever follows.
         rt.claimed[(run_id, item_ref)] = view
-        if outcome.task_id is None or run.item(index).envelope is None:
+        if outcome.task_id is None or run.planned[index].envelope is None:
             return view
         return await _with_message(rt, run, index, view)
 
@@ -342,7 +340,7 @@ async def claim_tool(
 async def _with_message(rt: Runtime, run: intake.Scan, index: int, view: ClaimView) -> ClaimView:
     """The claim with its message read from the provider (or why it cannot be read now: a
     repeat of the claim tries again)."""
-    plan = run.item(index)
+    plan = run.planned[index]
     assert plan.envelope is not None
     try:
         body = await run.providers[plan.mailbox.mailbox_id].fetch_body(plan.envelope.body_ref)
@@ -469,7 +467,7 @@ async def record_approval_tool(
                 message_id=reply_message_id,
                 standing_class=standing_class,
             )
-    return ApprovalView(task_id=task_id, finding=shown_plain(finding), task_state=task.state.value)
+    return ApprovalView(task_id=task_id, finding=shown(finding), task_state=task.state.value)
 
 
 Language = Annotated[
@@ -639,9 +637,8 @@ async def read_back_tool(
         record = store.get_send(send_id)
         if record is None or record.task_id is None:
             raise RegistryError(f"no send {send_id!r}; read_back takes the send_id send returned")
-        provider = rt.provider_for_task(load_task(store, record.task_id))
         async with rt.serialized("task", record.task_id):
-            found = await replies.read_back(store, provider, send_id, rt.clock)
+            found = await replies.read_back(store, rt.provider_for_task, record, rt.clock)
     return ReadBackView(
         send_id=send_id,
         ok=found.report.ok,

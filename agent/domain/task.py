@@ -201,3 +201,18 @@ class Task(BaseModel):
     attachment_names: tuple[str, ...] = ()
     content_flags: tuple[str, ...] = ()
     """What in the untrusted display fields could mislead a reader; shown with them."""
+
+    def latest_inbound(self, sender: str | None = None) -> MessageRef | None:
+        """The thread's latest inbound message with a Message-ID (from ``sender`` when
+        given). An approver's reply belongs to the approval thread, not to the thread being
+        answered."""
+        approval_thread = {d.evidence_message_id for d in self.approval_decisions}
+        for message in reversed(self.messages):
+            if (
+                message.direction == "inbound"
+                and message.internet_message_id
+                and message.internet_message_id not in approval_thread
+                and (sender is None or message.sender == sender)
+            ):
+                return message
+        return None

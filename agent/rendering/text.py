@@ -14,6 +14,8 @@ from urllib.parse import unquote
 
 from selectolax.lexbor import LexborHTMLParser
 
+from agent.domain.untrusted import shown
+
 _HIDING_STYLE = re.compile(
     r"display\s*:\s*none|visibility\s*:|font-size\s*:\s*0|opacity\s*:|max-height\s*:|"
     r"height\s*:\s*0|line-through|clip|position\s*:|text-indent\s*:\s*-|"
@@ -71,3 +73,11 @@ def link_targets(html: str) -> tuple[str, ...]:
             if value:
                 found.append(unquote(value))
     return tuple(dict.fromkeys(found))
+
+
+def readable_text(text: str, html: str | None) -> str:
+    """A message's words as it is safe to show them: the plain-text part (else the visible
+    text of the HTML part), every control and format character written out except line
+    breaks."""
+    words = text if text.strip() else (visible_text(html) if html else "")
+    return shown(words.replace("\r\n", "\n")).replace("[U+000A]", "\n")

@@ -33,13 +33,6 @@ def status_text(complete: str, remaining: str) -> str:
     return text
 
 
-def _last_inbound_from(task: Task, address: str) -> str | None:
-    for message in reversed(task.messages):
-        if message.direction == "inbound" and message.sender == address:
-            return message.internet_message_id
-    return None
-
-
 async def reply_to_requester(
     store: Store,
     provider: MailProvider,
@@ -71,7 +64,8 @@ async def reply_to_requester(
         raise GateRefused(f"the status reply to {task.requester} cannot go: {gate.summary()}")
     to, cc = gate.plan.addresses()
     key = f"status|{task_id}|{hashlib.sha256((complete + '|' + remaining).encode()).hexdigest()}"
-    parent = _last_inbound_from(task, task.requester)
+    latest = task.latest_inbound(task.requester)
+    parent = latest.internet_message_id if latest is not None else None
     intent, message = outgoing(
         key=key,
         kind=SendKind.INTERNAL_REPLY,

@@ -16,11 +16,10 @@ from agent.domain.errors import GateRefused, InvalidRequest, RegistryError
 from agent.domain.gates import DraftFacts, draft_digest
 from agent.domain.records import DraftRecord
 from agent.domain.states import TERMINAL_STATES
-from agent.domain.task import MessageRef, Task
 from agent.domain.untrusted import shown
 from agent.ports import Clock, MailProvider, Store
 from agent.rendering.render import RenderedMessage, render_message, reply_subject
-from agent.rendering.text import link_targets, visible_text
+from agent.rendering.text import link_targets, readable_text
 from agent.services.gate_check import load_task
 from agent.services.workspaces import load_context
 
@@ -119,25 +118,17 @@ def _data(text: str) -> str:
         text = cleaned
 
 
-def _latest_inbound(task: Task) -> MessageRef | None:
-    for message in reversed(task.messages):
-        if message.direction == "inbound" and message.sender == task.sender_identity:
-            return message
-    return None
-
-
 async def draft_request(
     store: Store, provider: MailProvider, task_id: str, guidance: str, language: str | None
 ) -> DraftRequest:
     """The request for a reply body to the task's latest message from its sender."""
     task = load_task(store, task_id)
     context = load_context(store, task.workspace_id)
-    message = _latest_inbound(task)
+    message = task.latest_inbound(task.sender_identity)
     if message is None:
         raise InvalidRequest(f"task {task_id} has no inbound message to answer; write the body")
     body = await provider.fetch_body(message.body_ref or message.provider_message_id)
-    text = body.text if body.text.strip() else (visible_text(body.html) if body.html else "")
-    text = _data(shown(text[:MAX_DRAFT_CHARS]).replace("[U+000A]", "\n"))
+    text = _data(readable_text(body.text, body.html)[:MAX_DRAFT_CHARS])
     system = (
         f"You draft the body of an email reply for {context.label}. Write only the body, in "
         f"Markdown, in the language '{language or context.language}': no greeting, no "

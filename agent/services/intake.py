@@ -140,9 +140,6 @@ class Scan:
                 return index
         return None
 
-    def item(self, index: int) -> Planned:
-        return self.planned[index]
-
 
 async def scan(
     *,

@@ -10,7 +10,7 @@ with the send_id it went out as.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from agent.domain.automation import SendKind
@@ -79,18 +79,10 @@ def _draft_of(key: str) -> str:
     return parts[1]
 
 
-def _parent(task: Task) -> str | None:
-    """The message the reply answers: the original thread's latest inbound message (an
-    approver's reply belongs to the approval thread, not to the thread being answered)."""
-    approval_thread = {d.evidence_message_id for d in task.approval_decisions}
-    for message in reversed(task.messages):
-        if (
-            message.direction == "inbound"
-            and message.internet_message_id
-            and message.internet_message_id not in approval_thread
-        ):
-            return message.internet_message_id
-    return None
+def _parent_id(task: Task) -> str | None:
+    """The Message-ID the reply answers."""
+    parent = task.latest_inbound()
+    return parent.internet_message_id if parent is not None else None
 
 
 def _message(
@@ -158,7 +150,7 @@ async def send_reply(
             clock.now(),
         )
     kind = SendKind.CLIENT_REPLY if client else SendKind.INTERNAL_REPLY
-    intent, message = _message(task, key, rendered, to_addrs, cc_addrs, kind, _parent(task))
+    intent, message = _message(task, key, rendered, to_addrs, cc_addrs, kind, _parent_id(task))
     mid = intent.internet_message_id
     outcome = await send_once(store, provider, intent, message, clock)
     if outcome.status is SendStatus.IN_PROGRESS:
@@ -198,17 +190,21 @@ class ReadBack:
     stored_provider_message_id: str | None
 
 
-async def read_back(store: Store, provider: MailProvider, send_id: str, clock: Clock) -> ReadBack:
+async def read_back(
+    store: Store,
+    provider_for: Callable[[Task], MailProvider],
+    record: SendRecord,
+    clock: Clock,
+) -> ReadBack:
     """Fetch the provider's stored copy of a send and check recipients, subject, thread,
     message id, direction, language and isolated fragments against what was rendered."""
-    record = store.get_send(send_id)
-    if record is None:
-        raise RegistryError(f"no send {send_id!r}; read_back takes the send_id send returned")
+    send_id = record.key
     draft_id = _draft_of(record.key)
     to, cc = record.to, record.cc
     if record.task_id is None:
         raise RegistryError(f"send {send_id!r} belongs to no task")
     task = load_task(store, record.task_id)
+    provider = provider_for(task)
     _, rendered = load_draft(store, task.task_id, draft_id)
     if record.state is not SendState.SENT:
         report = ReadBackReport(

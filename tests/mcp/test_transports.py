@@ -105,6 +105,7 @@ async def test_the_whole_lifecycle_runs_over_http_with_a_bearer_token(
         assert done["read_back"]["ok"]
         proc.terminate()
         _, stderr = proc.communicate(timeout=15)
+    assert proc.returncode == 0, stderr  # SIGTERM stops it cleanly
     assert token not in stderr
 
 
