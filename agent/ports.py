@@ -13,6 +13,7 @@ from typing import Protocol, runtime_checkable
 from agent.domain.dispositions import Disposition
 from agent.domain.execution import ExecutionRecord, ExecutionState
 from agent.domain.mail import (
+    Handover,
     MessageBody,
     OutgoingMessage,
     ProviderHealth,
@@ -66,8 +67,14 @@ class MailProvider(Protocol):
 
     async def fetch_body(self, body_ref: str) -> MessageBody: ...
 
-    async def send(self, message: OutgoingMessage) -> SendResult:
-        """Send inside the original thread. ``delivered`` says whether it reached anyone."""
+    async def prepare(self, message: OutgoingMessage) -> Handover:
+        """The exact form this channel would hand ``message`` over in (MIME bytes, and any
+        recipient lists it passes beside them). Nothing is sent."""
+        ...
+
+    async def send(self, handover: Handover) -> SendResult:
+        """Hand over exactly ``handover`` (which the core has checked against the plan),
+        inside the original thread. ``delivered`` says whether it reached anyone."""
         ...
 
     async def read_back(self, internet_message_id: str) -> StoredCopy | None:

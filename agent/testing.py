@@ -12,6 +12,7 @@ from datetime import UTC, datetime, timedelta
 from agent.domain.envelope import Address, Envelope, content_digest
 from agent.domain.errors import ProviderError
 from agent.domain.mail import (
+    Handover,
     MessageBody,
     OutgoingMessage,
     ProviderHealth,
@@ -19,6 +20,7 @@ from agent.domain.mail import (
     SendResult,
     StoredCopy,
 )
+from agent.providers import mime, rfc822
 
 
 @dataclass
@@ -44,6 +46,8 @@ class InMemoryProvider:
         self.inbox: list[ScannedMessage] = []
         self.bodies: dict[str, MessageBody] = {}
         self.sent: list[OutgoingMessage] = []
+        self.sent_mime: list[bytes] = []
+        """The exact bytes each send handed over (the stored copies are read from them)."""
         self.healthy = True
 
     @property
@@ -71,30 +75,36 @@ class InMemoryProvider:
         except KeyError:
             raise ProviderError(f"no message body {body_ref!r} in this mailbox") from None
 
-    async def send(self, message: OutgoingMessage) -> SendResult:
-        self.sent.append(message)
+    async def prepare(self, message: OutgoingMessage) -> Handover:
+        try:
+            raw = mime.build(message, datetime.now(UTC))
+        except ValueError as exc:
+            raise ProviderError(f"the message cannot be written as MIME: {exc}") from exc
+        return Handover(message=message, channel="memory", mime=raw)
+
+    async def send(self, handover: Handover) -> SendResult:
+        if handover.mime is None:
+            raise ProviderError("the in-memory mailbox stores MIME; prepare the message first")
+        self.sent.append(handover.message)
+        self.sent_mime.append(handover.mime)
         return SendResult(
             provider_message_id=f"sent-{len(self.sent)}",
-            provider_thread_id=message.provider_thread_id,
-            internet_message_id=message.internet_message_id,
+            provider_thread_id=handover.message.provider_thread_id,
+            internet_message_id=handover.message.internet_message_id,
             channel="memory",
             delivered=True,
             accepted_at=datetime.now(UTC),
         )
 
     async def read_back(self, internet_message_id: str) -> StoredCopy | None:
+        """The stored copy, read from the bytes that were handed over."""
         for index, message in enumerate(self.sent, start=1):
             if message.internet_message_id == internet_message_id:
-                return StoredCopy(
+                return rfc822.stored_copy(
+                    self.sent_mime[index - 1],
                     provider_message_id=f"sent-{index}",
                     provider_thread_id=message.provider_thread_id,
-                    internet_message_id=message.internet_message_id,
-                    sender=message.sender,
-                    to=message.to,
-                    cc=message.cc,
-                    subject=message.subject,
-                    text=message.text,
-                    html=message.html,
+                    delivered=True,
                 )
         return None
 

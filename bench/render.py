@@ -65,6 +65,7 @@ def _one() -> bool:
         subject=sent.subject,
         text=sent.text,
         html=_stored_like_outlook(rendered.html),
+        delivered=True,
     )
     return verify_read_back(rendered, sent, stored).ok
 

@@ -572,7 +572,7 @@ def serve_command(
     with the token from OUTLOOP_MCP_TOKEN. A JSON line with the URL is printed on stdout
     once it accepts connections.
     """
-    from mcp_server import http  # noqa: PLC0415 - the web server only when serving HTTP
+    from mcp_server import http, stdio  # noqa: PLC0415 - the web server only when serving HTTP
     from mcp_server.runtime import Settings  # noqa: PLC0415
     from mcp_server.server import build_server  # noqa: PLC0415
 
@@ -580,8 +580,9 @@ def serve_command(
     if transport == "stdio":
         if insecure_no_auth:
             raise click.UsageError("--insecure-no-auth applies to --transport http only")
-        # stdout carries the protocol: nothing else may be printed there.
-        build_server(settings).run()
+        # stdout carries the protocol: nothing else may be printed there. Every line the
+        # SDK cannot read is answered (see mcp_server/stdio.py).
+        anyio.run(stdio.serve, build_server(settings))
         return
     token = os.environ.get(http.TOKEN_ENV) or None
     try:

@@ -17,6 +17,7 @@ from agent.domain.context import MailboxBinding, WorkspaceContext
 from agent.domain.errors import (
     ContextError,
     GateRefused,
+    HandoverRefused,
     InvalidRequest,
     OutloopError,
     ProviderError,
@@ -138,6 +139,10 @@ def mapped_errors() -> Generator[None]:
             "already_sent",
             send_id=exc.send.key,
             internet_message_id=exc.send.internet_message_id,
+        ) from exc
+    except HandoverRefused as exc:
+        raise refusal(
+            str(exc), "handover", [{"blocker": "handover", "detail": p} for p in exc.problems]
         ) from exc
     except GateRefused as exc:
         raise refusal(str(exc), "policy") from exc

@@ -141,15 +141,27 @@ def _top_posted_history(lines: list[str], index: int) -> bool:
     return False
 
 
-def own_lines(body: str) -> list[str]:
-    """The reply's own lines, with quoted history left out: the quoted lines (``>``) after
-    an attribution line, and everything after a top-posted history block. Answers written
-    below or between quoted lines are kept; greeting, sign-off and signature too."""
-    lines = _BIDI.sub("", body).replace("\r\n", "\n").replace("\r", "\n").split("\n")
+def _lines(body: str) -> list[str]:
+    return _BIDI.sub("", body).replace("\r\n", "\n").replace("\r", "\n").split("\n")
+
+
+def split_history(body: str) -> tuple[list[str], list[str]]:
+    """The reply's own lines and its quoted history: the quoted lines (``>``) after an
+    attribution line, and everything after a top-posted history block (its header lines -
+    From, Sent, To, Subject - left out). Answers written below or between quoted lines are
+    own lines; greeting, sign-off and signature too."""
+    lines = _lines(body)
     own: list[str] = []
+    quoted: list[str] = []
     quoting = False
     for index, line in enumerate(lines):
         if _top_posted_history(lines, index):
+            rest = (
+                lines[index + 1 :] if _ORIGINAL.match(line) or _RULE.match(line) else lines[index:]
+            )
+            quoted.extend(
+                ln for ln in rest if not (_FROM_FIELD.match(ln) or _OTHER_FIELD.match(ln))
+            )
             break
         if any(p.match(line) for p in _ATTRIBUTION) and _next_text(
             lines, index
@@ -157,14 +169,65 @@ def own_lines(body: str) -> list[str]:
             quoting = True
             continue
         if quoting and line.lstrip().startswith(">"):
+            quoted.append(line.lstrip().lstrip(">").strip())
             continue
         own.append(line)
-    return own
+    return own, quoted
+
+
+def own_lines(body: str) -> list[str]:
+    """The reply's own lines, with quoted history left out (see ``split_history``)."""
+    return split_history(body)[0]
+
+
+def _folded(text: str) -> str:
+    return " ".join(
+        unicodedata.normalize("NFKC", _BIDI.sub("", text)).lower().replace(">", " ").split()
+    )
+
+
+def notes_in_history(quoted: list[str], sent: str) -> list[str]:
+    """Lines of the quoted history that are not in what was sent: words the approver wrote
+    into the quoted original (an inline note), which count like any other."""
+    original = _folded(sent)
+    return [line for line in quoted if (folded := _folded(line)) and folded not in original]
 
 
 def _same_name(line: str, names: tuple[str, ...]) -> bool:
     folded = " ".join(line.lower().replace(",", " ").split())
     return bool(folded) and any(folded == " ".join(n.lower().split()) for n in names)
+
+
+_CONTACT = re.compile(
+    r"^(?:(?:tel|phone|mobile|mob|cell|fax|office|direct|m|t|p|f|e|w|email|web|טל|טלפון|נייד|"
+    r"פקס|משרד|דוא\"ל)\s*[.:]\s*)?[+(]?[\d][\d\s().\-/+]{5,}$"
+    r"|^\S+@\S+\.\S+$|^(?:https?://|www\.)\S+$",
+    re.IGNORECASE,
+)
+_CONNECTORS = frozenset({"of", "and", "&", "the", "for", "at", "in", "to", "|", "-", "–", "—", "/"})
+_SEPARATOR = re.compile(r"^[\s\-_=*~.|•·]+$")
+
+
+def _signature_line(line: str, names: tuple[str, ...]) -> bool:
+    """A line a signature block is made of: the signer's name, contact data, a separator,
+    or a short title line (every word capitalized, e.g. "Head of Client Services")."""
+    text = line.strip()
+    if not text or _SEPARATOR.match(text) or _CONTACT.match(text) or _same_name(text, names):
+        return True
+    words = text.replace(",", " ").split()
+    if len(words) > 6 or any(ch in text for ch in "?!:;\"'") or text.endswith("."):
+        return False
+    return all(w in _CONNECTORS or w[:1].isupper() or "@" in w or w[:1].isdigit() for w in words)
+
+
+def below_signature(body: str, signer_names: tuple[str, ...] = ()) -> list[str]:
+    """The lines under a signature marker that are not a signature: the approver's words,
+    which count like any other."""
+    lines = own_lines(body)
+    marks = [i for i, line in enumerate(lines) if _SIGNATURE_MARK.match(line)]
+    if not marks:
+        return []
+    return [ln for ln in lines[marks[0] + 1 :] if not _signature_line(ln, signer_names)]
 
 
 def new_text(body: str, signer_names: tuple[str, ...] = ()) -> str:
@@ -286,20 +349,38 @@ def _emoji(ch: str) -> bool:
     return unicodedata.category(ch) == "So" or ord(ch) >= 0x1F000
 
 
-def read_wording(body: str, signer_names: tuple[str, ...] = ()) -> Wording:
+def read_wording(
+    body: str,
+    signer_names: tuple[str, ...] = (),
+    *,
+    sent: str | None = None,
+    subject_words: str = "",
+) -> Wording:
     """What an approver's reply says about the draft.
 
-    Every word the approver wrote - greeting, sign-off, P.S. and signature included; only
-    quoted history is left out - is checked for a change request, a condition, a negation,
-    a hedge, a retraction or a suspicious character. Then the core text must consist of
-    explicit approvals and courtesies only. ``signer_names`` are the approver's recorded
-    names (a closing name line is theirs).
+    Every word the approver wrote counts wherever it sits - greeting, sign-off, P.S., the
+    lines under a signature marker, a note written into the quoted original, the words they
+    put in the subject - and is checked for a change request, a condition, a negation, a
+    hedge, a retraction or a suspicious character. Then the core text must consist of
+    explicit approvals and courtesies only, and any line under a signature that is not a
+    signature (a name, contact data, a title) holds the approval for a person.
+
+    ``signer_names`` are the approver's recorded names (a closing name line is theirs).
+    ``sent`` is the text of the request the reply answers, as it was sent: quoted history
+    is compared with it, and a quoted line that is not in it is the approver's own. With
+    ``sent`` None the quoted history is not compared (the wording of a reply alone).
+    ``subject_words`` are the words the approver wrote into the reply's subject.
     """
-    own = "\n".join(own_lines(body))
-    full = _normalize(own)
-    core = new_text(body, signer_names)
+    own, quoted = split_history(body)
+    notes = notes_in_history(quoted, sent) if sent is not None else []
+    written = [*(subject_words.split("\n") if subject_words.strip() else []), *own, *notes]
+    full = _normalize("\n".join(written))
+    core = "\n".join(
+        [*([subject_words] if subject_words.strip() else []), new_text(body, signer_names), *notes]
+    ).strip()
     text = _normalize(core)
     flat = " ".join(full.split())
+    own_text = "\n".join(written)
     if any(_CHANGES.search(line) for line in full.split("\n")) or _CHANGES.search(flat):
         return Wording(
             decision=Decision.CHANGES_REQUESTED,
@@ -312,7 +393,7 @@ def read_wording(body: str, signer_names: tuple[str, ...] = ()) -> Wording:
             reason=f"not an unconditional approval ({match.group(0).strip()!r})",
             new_text=core,
         )
-    if suspicious := [f for f in text_flags(own) if "mixed-script" in f or "invisible" in f]:
+    if suspicious := [f for f in text_flags(own_text) if "mixed-script" in f or "invisible" in f]:
         return Wording(decision=Decision.HELD, reason=suspicious[0], new_text=core)
     odd = [ch for ch in full if _emoji(ch) and ch not in _POSITIVE_EMOJI]
     if odd:
@@ -333,6 +414,12 @@ def read_wording(body: str, signer_names: tuple[str, ...] = ()) -> Wording:
         return Wording(
             decision=Decision.HELD,
             reason=f"says more than an approval ({other[0]!r})",
+            new_text=core,
+        )
+    if unsigned := below_signature(body, signer_names):
+        return Wording(
+            decision=Decision.HELD,
+            reason=f"words under the signature marker are not a signature ({unsigned[0]!r})",
             new_text=core,
         )
     if not approving:
@@ -401,6 +488,8 @@ def judge_reply(
     received_at: datetime,
     body: str,
     now: datetime,
+    sent: str | None = None,
+    subject_words: str = "",
 ) -> ApprovalDecision:
     """The decision an inbound reply to ``request`` carries. Authority comes from the live
     context's approval roles; the wording is read from the reply's own new text."""
@@ -423,7 +512,8 @@ def judge_reply(
             Decision.NONE,
             f"{sender} holds no recorded approval role ({', '.join(context.approval.roles)})",
         )
-    if received_at < request.sent_at:
+    # Mail dates have whole seconds: a reply stamped in the request's own second is after it.
+    if received_at < request.sent_at.replace(microsecond=0):
         return decided(Decision.NONE, "the reply predates the approval request")
     names = tuple(
         n
@@ -431,8 +521,25 @@ def judge_reply(
         if c.address == sender.strip().lower() and c.name.split()
         for n in (c.name, c.name.split()[0])
     )
-    wording = read_wording(body, names)
+    wording = read_wording(body, names, sent=sent, subject_words=subject_words)
     return decided(wording.decision, wording.reason)
+
+
+_REPLY_PREFIX = re.compile(
+    r"^\s*(?:(?:re|aw|sv|vs|antw|fwd?|wg|תגובה|השב|הועבר)\s*(?:\[\d+\])?\s*:\s*)+", re.IGNORECASE
+)
+
+
+def subject_words(reply_subject: str, request_subject: str) -> str:
+    """The words an approver wrote into their reply's subject: its words, reply prefixes
+    left out, that the request's own subject does not have (a subject cut short or kept as
+    it was adds nothing)."""
+    asked = {w.strip(_PUNCTUATION) for w in _folded(request_subject).split()}
+    words = _REPLY_PREFIX.sub("", _BIDI.sub("", reply_subject)).split()
+    return " ".join(w for w in words if _folded(w).strip(_PUNCTUATION) not in asked)
+
+
+_PUNCTUATION = ".,;:!?-–—|()[]\"'"
 
 
 def standing_covers(context: WorkspaceContext, message_class: str | None) -> str | None:

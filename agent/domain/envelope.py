@@ -23,6 +23,14 @@ def one_line(value: str) -> str:
     return "".join(" " if ch in LINE_BREAKS else ch for ch in value)
 
 
+def header_text(value: str) -> str:
+    """Text as a header of a message we send may carry it: on one line, with every control
+    character (NUL, escape, C1 controls) a space."""
+    return "".join(
+        " " if ch in LINE_BREAKS or ord(ch) < 0x20 or 0x7F <= ord(ch) < 0xA0 else ch for ch in value
+    )
+
+
 class Address(BaseModel):
     """One mailbox address. The address is compared case-insensitively; the name is display only."""
 

@@ -9,6 +9,9 @@
     +-- StoreError              the store could not complete an operation
     |   +-- ClaimLost           a report from a holder that no longer holds the claim
     +-- ProviderError           a mail provider failed; adapters translate vendor errors into it
+    +-- GateRefused             a send the gate or policy does not allow now
+    |   +-- HandoverRefused     what a channel would be handed is not exactly the plan
+    +-- InvalidRequest          a malformed request its caller can fix
 
 Every message is a sentence that says what happened and what to do about it.
 """
@@ -52,6 +55,19 @@ class ProviderError(OutloopError):
 
 class GateRefused(OutloopError):
     """A send the gate does not allow now; the message lists every blocking reason."""
+
+
+class HandoverRefused(GateRefused):
+    """What a channel was about to be handed is not exactly the planned message; nothing
+    was handed over. ``problems`` says every way it differs."""
+
+    def __init__(self, key: str, problems: tuple[str, ...]) -> None:
+        super().__init__(
+            f"send {key} was refused before it reached the channel: "
+            + "; ".join(problems)
+            + ". Nothing was sent; the message was not what the plan allows"
+        )
+        self.problems = problems
 
 
 class InvalidRequest(OutloopError):

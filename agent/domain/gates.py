@@ -33,6 +33,7 @@ from agent.domain.recipients import (
 )
 from agent.domain.states import TERMINAL_STATES, TaskState
 from agent.domain.task import Task
+from agent.domain.untrusted import reader_form
 
 #: States in which a standing approval lets a client send go (the draft is ready).
 STANDING_STATES: frozenset[TaskState] = frozenset(
@@ -113,11 +114,14 @@ def foreign_markers(active: WorkspaceContext, others: Iterable[WorkspaceContext]
 
 
 def foreign_content(text: str, markers: ForeignMarkers) -> tuple[str, ...]:
-    """Other workspaces' client identifiers found in a draft (mixed-client isolation)."""
-    lowered = text.lower()
-    found = {a for a in markers.addresses if a in lowered}
+    """Other workspaces' client identifiers found in a draft (mixed-client isolation), read
+    as a reader sees the text (``reader_form``): an address split by an invisible character
+    is still that address, and a subdomain of a foreign client's domain is that client's."""
+    seen = reader_form(text)
+    found = {a for a in markers.addresses if reader_form(a) in seen}
     for domain in markers.domains:
-        if re.search(r"(?<![\w.-])" + re.escape(domain) + r"(?![\w-])", lowered):
+        pattern = r"(?<![\w.-])(?:[\w-]+\.)*" + re.escape(reader_form(domain)) + r"(?![\w-])"
+        if re.search(pattern, seen):
             found.add(domain)
     return tuple(sorted(found))
 

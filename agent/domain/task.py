@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 import secrets
 import unicodedata
+from collections.abc import Collection
 from datetime import datetime
 from enum import StrEnum
 
@@ -13,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from agent.domain.approval import ApprovalDecision, ApprovalRequest
 from agent.domain.dispositions import GateKind
 from agent.domain.envelope import Address, OccurrenceScope
+from agent.domain.headers import msg_id, references_for
 from agent.domain.states import TaskState
 
 # Reply and forward prefixes in common languages: English, German, French, Spanish,
@@ -133,6 +135,15 @@ class MessageRef(BaseModel):
     sender: str
     body_ref: str | None = None
     """Where the provider keeps the body (None for sent messages and older records)."""
+    in_reply_to: str | None = None
+    references: tuple[str, ...] = ()
+    """The message's own threading headers: a reply's References are built from them."""
+
+    def reply_headers(self) -> tuple[str | None, tuple[str, ...]]:
+        """In-Reply-To and References of a reply to this message (RFC 5322 section 3.6.4)."""
+        return msg_id(self.internet_message_id), references_for(
+            self.internet_message_id, self.references, self.in_reply_to
+        )
 
 
 class Task(BaseModel):
@@ -202,17 +213,26 @@ class Task(BaseModel):
     content_flags: tuple[str, ...] = ()
     """What in the untrusted display fields could mislead a reader; shown with them."""
 
-    def latest_inbound(self, sender: str | None = None) -> MessageRef | None:
-        """The thread's latest inbound message with a Message-ID (from ``sender`` when
-        given). An approver's reply belongs to the approval thread, not to the thread being
-        answered."""
+    def latest_inbound(self, senders: Collection[str] = ()) -> MessageRef | None:
+        """The thread's latest inbound message with a Message-ID (from one of ``senders``
+        when any are given). An approver's reply belongs to the approval thread, not to the
+        thread being answered."""
         approval_thread = {d.evidence_message_id for d in self.approval_decisions}
+        wanted = {s.strip().lower() for s in senders}
         for message in reversed(self.messages):
             if (
                 message.direction == "inbound"
                 and message.internet_message_id
                 and message.internet_message_id not in approval_thread
-                and (sender is None or message.sender == sender)
+                and (not wanted or message.sender in wanted)
             ):
                 return message
         return None
+
+    def answered_message(self, recipients: Collection[str]) -> MessageRef | None:
+        """The message a reply to ``recipients`` answers: the thread's latest message from
+        one of them, else the latest from the task's requester (its internal requester, or
+        whoever opened it). A message from anyone else in the thread is never answered."""
+        return self.latest_inbound(recipients) or self.latest_inbound(
+            (self.requester or self.sender_identity,)
+        )

@@ -9,6 +9,7 @@ shows the flag with it.
 
 from __future__ import annotations
 
+import re
 import unicodedata
 from collections.abc import Iterable
 
@@ -141,6 +142,56 @@ def flag(text: str) -> Flagged:
     flags = text_flags(text)
     display = shown(text)
     return Flagged(text=text, shown=f"⚠ {display}" if flags else display, flags=flags)
+
+
+#: Unicode's Default_Ignorable_Code_Point ranges (DerivedCoreProperties.txt): characters a
+#: reader never sees, which can split a word or an address without changing how it looks.
+_IGNORABLE_RANGES = (
+    (0x00AD, 0x00AD),
+    (0x034F, 0x034F),
+    (0x061C, 0x061C),
+    (0x115F, 0x1160),
+    (0x17B4, 0x17B5),
+    (0x180B, 0x180F),
+    (0x200B, 0x200F),
+    (0x202A, 0x202E),
+    (0x2060, 0x206F),
+    (0x3164, 0x3164),
+    (0xFE00, 0xFE0F),
+    (0xFEFF, 0xFEFF),
+    (0xFFA0, 0xFFA0),
+    (0xFFF0, 0xFFF8),
+    (0x1BCA0, 0x1BCA3),
+    (0x1D173, 0x1D17A),
+    (0xE0000, 0xE0FFF),
+)
+
+
+def _ignorable(ch: str) -> bool:
+    code = ord(ch)
+    return any(low <= code <= high for low, high in _IGNORABLE_RANGES)
+
+
+def seen_form(text: str) -> str:
+    """Text as it looks: default-ignorable code points removed, then NFKC-folded (fullwidth
+    and compatibility forms become their plain characters)."""
+    return unicodedata.normalize("NFKC", "".join(ch for ch in text if not _ignorable(ch)))
+
+
+_PUNYCODE_LABEL = re.compile(r"(?i)(?<![\w-])xn--([a-z0-9-]+)")
+
+
+def _unicode_label(match: re.Match[str]) -> str:
+    try:
+        return match.group(1).encode("ascii").decode("punycode")
+    except UnicodeError:
+        return match.group(0)
+
+
+def reader_form(text: str) -> str:
+    """Text as a reader sees it, for matching: domain labels in punycode (``xn--``) shown as
+    the Unicode they stand for, then ``seen_form``, case-folded."""
+    return seen_form(_PUNYCODE_LABEL.sub(_unicode_label, text)).casefold()
 
 
 def skeleton(text: str) -> str:

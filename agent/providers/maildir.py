@@ -12,21 +12,18 @@ first message its References (or In-Reply-To) names, so the same conversation ge
 
 from __future__ import annotations
 
-import email.policy
-import email.utils
 import hashlib
 import mailbox
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
-from email.message import EmailMessage
 from pathlib import Path
 from typing import NamedTuple
 
 import anyio.to_thread
 
-from agent.domain.envelope import Address
 from agent.domain.errors import ProviderError
 from agent.domain.mail import (
+    Handover,
     MessageBody,
     OutgoingMessage,
     ProviderHealth,
@@ -34,7 +31,7 @@ from agent.domain.mail import (
     SendResult,
     StoredCopy,
 )
-from agent.providers import rfc822
+from agent.providers import mime, rfc822
 
 PROVIDER = "maildir"
 SENT_FOLDER = "Sent"
@@ -165,22 +162,28 @@ class MaildirProvider:
 
         return rfc822.body(await anyio.to_thread.run_sync(read))
 
-    async def send(self, message: OutgoingMessage) -> SendResult:
+    async def prepare(self, message: OutgoingMessage) -> Handover:
         try:
-            mime = _build(message)
-        except (ValueError, TypeError) as exc:
+            raw = mime.build(message, datetime.now(UTC))
+        except ValueError as exc:
             raise ProviderError(f"the message cannot be written as MIME: {exc}") from exc
+        return Handover(message=message, channel=CHANNEL, mime=raw)
+
+    async def send(self, handover: Handover) -> SendResult:
+        raw = handover.mime
+        if raw is None:
+            raise ProviderError("a Maildir outbox copy is written from MIME; prepare it first")
 
         def write() -> str:
             sent = self._sent(create=True)
             assert sent is not None
-            return str(sent.add(mime.as_bytes()))
+            return str(sent.add(raw))
 
         key = await anyio.to_thread.run_sync(write)
         return SendResult(
             provider_message_id=f"maildir:{SENT_FOLDER}/{key}",
-            provider_thread_id=message.provider_thread_id,
-            internet_message_id=message.internet_message_id,
+            provider_thread_id=handover.message.provider_thread_id,
+            internet_message_id=handover.message.internet_message_id,
             channel=CHANNEL,
             delivered=False,
             accepted_at=datetime.now(UTC),
@@ -196,19 +199,11 @@ class MaildirProvider:
                 facts = _facts_of(raw)
                 if facts.mid != internet_message_id:
                     continue
-                parsed = rfc822.parse(raw)
-                content = rfc822.body(raw)
-                from_ = _first(parsed, "From")
-                return StoredCopy(
+                return rfc822.stored_copy(
+                    raw,
                     provider_message_id=f"maildir:{SENT_FOLDER}/{key}",
                     provider_thread_id=self._threads().thread_of(facts, fallback=key),
-                    internet_message_id=facts.mid,
-                    sender=from_,
-                    to=_all(parsed, "To"),
-                    cc=_all(parsed, "Cc"),
-                    subject=parsed.header("Subject") or "",
-                    text=content.text,
-                    html=content.html,
+                    delivered=False,  # an outbox copy: it reached no one
                 )
             return None
 
@@ -297,46 +292,9 @@ def _facts_of(raw: bytes) -> _Facts:
         parsed = rfc822.parse(raw)
     except Exception:
         return _Facts(None, None, (), "")
-    mids = rfc822.message_ids(parsed.header("Message-ID"))
-    irt = rfc822.message_ids(parsed.header("In-Reply-To"))
-    refs = rfc822.message_ids(" ".join(parsed.all_headers("References")))
+    mids = rfc822.header_ids(parsed, "Message-ID")
+    irt = rfc822.header_ids(parsed, "In-Reply-To")
+    refs = rfc822.header_ids(parsed, "References")
     return _Facts(
         mids[0] if mids else None, irt[0] if irt else None, refs, rfc822.body_fingerprint(raw)
     )
-
-
-def _first(parsed: rfc822.Parsed, name: str) -> Address | None:
-    found = _all(parsed, name)
-    return found[0] if found else None
-
-
-def _all(parsed: rfc822.Parsed, name: str) -> tuple[Address, ...]:
-    values = parsed.all_headers(name)
-    return tuple(
-        Address(address=addr, name=display)
-        for display, addr in email.utils.getaddresses(values)
-        if "@" in addr
-    )
-
-
-def _build(message: OutgoingMessage) -> EmailMessage:
-    mime = EmailMessage(policy=email.policy.SMTP)
-    mime["From"] = _format(message.sender)
-    mime["To"] = ", ".join(_format(a) for a in message.to)
-    if message.cc:
-        mime["Cc"] = ", ".join(_format(a) for a in message.cc)
-    mime["Subject"] = message.subject
-    mime["Date"] = email.utils.format_datetime(datetime.now(UTC))
-    mime["Message-ID"] = message.internet_message_id
-    if message.in_reply_to:
-        mime["In-Reply-To"] = message.in_reply_to
-    if message.references:
-        mime["References"] = " ".join(message.references)
-    mime.set_content(message.text)
-    if message.html is not None:
-        mime.add_alternative(message.html, subtype="html")
-    return mime
-
-
-def _format(address: Address) -> str:
-    return email.utils.formataddr((address.name, address.address))

@@ -12,6 +12,7 @@ import email
 import email.header
 import email.policy
 import email.utils
+import html as html_lib
 import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -22,9 +23,10 @@ from email.policy import compat32
 from typing import cast
 
 from agent.domain.envelope import Address, Envelope, content_digest
-from agent.domain.mail import MessageBody
+from agent.domain.headers import ADDRESS_HEADERS, msg_ids
+from agent.domain.mail import MessageBody, StoredCopy
+from agent.rendering.text import visible_text
 
-_MSGID_RE = re.compile(r"<[^<>\s]+>")
 _HEADER_END_RE = re.compile(rb"\n\r?\n")
 _LONE_CR_RE = re.compile(rb"\r(?!\n)")
 MAX_MIME_DEPTH = 200
@@ -59,6 +61,15 @@ class Parsed:
             if key.lower() == name.lower():
                 return _decode_words(str(raw))
         return None
+
+    def raw_values(self, name: str) -> list[str]:
+        """A header's values exactly as written (unfolded, nothing decoded): identifiers are
+        read from these, never from decoded text."""
+        return [
+            " ".join(str(raw).split())
+            for key, raw in self.message.raw_items()
+            if key.lower() == name.lower()
+        ]
 
     def all_headers(self, name: str) -> list[str]:
         try:
@@ -132,9 +143,18 @@ def parse(raw: bytes) -> Parsed:
 
 
 def message_ids(value: str | None) -> tuple[str, ...]:
-    if not value:
-        return ()
-    return tuple(dict.fromkeys(m.strip() for m in _MSGID_RE.findall(value)))
+    """The msg-ids a header value lists (only those in RFC 5322 msg-id form)."""
+    return msg_ids(value)
+
+
+def header_ids(parsed: Parsed, name: str) -> tuple[str, ...]:
+    """The msg-ids of a header, read from its raw value: an encoded word or whitespace
+    inside an identifier leaves it out (noted), never decoded into one."""
+    raw = " ".join(parsed.raw_values(name))
+    ids = msg_ids(raw)
+    if raw.count("<") > len(ids) or (raw.strip() and not ids):
+        parsed.notes.append(f"{name}: an identifier not in msg-id form was left out")
+    return ids
 
 
 def _addresses(parsed: Parsed, name: str) -> tuple[Address, ...]:
@@ -249,13 +269,13 @@ def normalize(
     ``thread_id_for(message_id, in_reply_to, references)`` is the provider's own threading.
     """
     parsed = parse(raw)
-    ids = message_ids(parsed.header("Message-ID"))
+    ids = header_ids(parsed, "Message-ID")
     internet_message_id = ids[0] if ids else None
     if internet_message_id is None:
         parsed.notes.append("no Message-ID: the provider message id identifies the occurrence")
-    in_reply_to_ids = message_ids(parsed.header("In-Reply-To"))
+    in_reply_to_ids = header_ids(parsed, "In-Reply-To")
     in_reply_to = in_reply_to_ids[0] if in_reply_to_ids else None
-    references = message_ids(" ".join(parsed.all_headers("References")))
+    references = header_ids(parsed, "References")
     senders = _sender(parsed)
     if not senders:
         parsed.notes.append("no readable sender address")
@@ -403,17 +423,96 @@ def _part_text(part: Message) -> str:
     return raw if isinstance(raw, str) else ""
 
 
-def body(raw: bytes) -> MessageBody:
-    """The message's text and HTML content (the first of each, outside attachments)."""
+def addresses(parsed: Parsed, name: str) -> tuple[Address, ...]:
+    """Every mailbox a header names, as a reader's mail program reads them."""
+    values = parsed.all_headers(name)
+    return tuple(
+        Address(address=addr, name=display)
+        for display, addr in email.utils.getaddresses(values)
+        if "@" in addr
+    )
+
+
+def stored_copy(
+    raw: bytes, *, provider_message_id: str, provider_thread_id: str, delivered: bool
+) -> StoredCopy:
+    """A stored message as read back: every header that names mailboxes is read."""
     parsed = parse(raw)
-    text: str | None = None
-    html: str | None = None
-    for part in _leaves(parsed.message):
-        if part.get_content_disposition() == "attachment":
-            continue
+    content = body(raw)
+    ids = header_ids(parsed, "Message-ID")
+    senders = addresses(parsed, "From")
+    named = {"from", "to", "cc", "bcc", "reply-to"}
+    return StoredCopy(
+        provider_message_id=provider_message_id,
+        provider_thread_id=provider_thread_id,
+        internet_message_id=ids[0] if ids else None,
+        sender=senders[0] if senders else None,
+        to=addresses(parsed, "To"),
+        cc=addresses(parsed, "Cc"),
+        bcc=addresses(parsed, "Bcc"),
+        reply_to=addresses(parsed, "Reply-To"),
+        other_address_headers=tuple(
+            (key, " ".join(str(value).split()))
+            for key, value in parsed.message.raw_items()
+            if key.lower() in ADDRESS_HEADERS - named
+        ),
+        subject=parsed.header("Subject") or "",
+        text=content.text,
+        html=content.html,
+        delivered=delivered,
+    )
+
+
+@dataclass(frozen=True)
+class _Shown:
+    """One unit a mail client displays: its plain-text form, its HTML form, or both (the
+    two alternatives of a ``multipart/alternative``)."""
+
+    plain: str | None
+    html: str | None
+
+
+def _plain_of(units: list[_Shown]) -> str:
+    return "\n\n".join(
+        u.plain if u.plain is not None else visible_text(u.html or "") for u in units
+    )
+
+
+def _html_of(units: list[_Shown]) -> str:
+    return "\n".join(
+        u.html if u.html is not None else f"<pre>{html_lib.escape(u.plain or '')}</pre>"
+        for u in units
+    )
+
+
+def _shown(part: Message, depth: int) -> list[_Shown]:
+    """What a mail client displays of ``part``, in order: every inline text part; of a
+    ``multipart/alternative``, its plain and its richest HTML alternative."""
+    if depth > MAX_MIME_DEPTH or part.get_content_disposition() == "attachment":
+        return []
+    if not part.is_multipart():
         ctype = part.get_content_type()
-        if ctype == "text/plain" and text is None:
-            text = _part_text(part)
-        elif ctype == "text/html" and html is None:
-            html = _part_text(part)
-    return MessageBody(text=text or "", html=html)
+        if ctype == "text/plain":
+            return [_Shown(_part_text(part), None)]
+        return [_Shown(None, _part_text(part))] if ctype == "text/html" else []
+    children = [_shown(child, depth + 1) for child in _children(part)]
+    if part.get_content_type() != "multipart/alternative":
+        return [unit for units in children for unit in units]
+    with_plain = [units for units in children if any(u.plain is not None for u in units)]
+    with_html = [units for units in children if any(u.html is not None for u in units)]
+    plain = _plain_of(with_plain[0]) if with_plain else None
+    rich = _html_of(with_html[-1]) if with_html else None
+    return [_Shown(plain, rich)] if plain is not None or rich is not None else []
+
+
+def body(raw: bytes) -> MessageBody:
+    """The message's words as a mail client displays them: every inline text part, in
+    order, as plain text and (when the message has HTML) as HTML. A part that exists in one
+    form only is converted for the other, so each form holds every displayed part."""
+    units = _shown(parse(raw).message, 1)
+    has_plain = any(u.plain is not None for u in units)
+    has_html = any(u.html is not None for u in units)
+    return MessageBody(
+        text=_plain_of(units) if has_plain else "",
+        html=_html_of(units) if has_html else None,
+    )

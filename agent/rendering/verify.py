@@ -178,11 +178,32 @@ def verify_read_back(
     def check(name: str, ok: bool, detail: str = "") -> None:
         checks.append(Check(name=name, ok=ok, detail="" if ok else detail))
 
+    check(
+        "delivered",
+        stored.delivered,
+        "the stored copy is a local outbox copy: it reached no one (not a delivery)",
+    )
     for field, want, got in (
         ("to", _addresses(sent.to), _addresses(stored.to)),
         ("cc", _addresses(sent.cc), _addresses(stored.cc)),
     ):
         check(f"recipients.{field}", want == got, f"sent {want}, stored {got}")
+    # Every other header that names mailboxes: a send sets none, so any is a recipient or a
+    # reply path nobody approved.
+    for field, got in (("bcc", _addresses(stored.bcc)), ("reply_to", _addresses(stored.reply_to))):
+        check(f"recipients.{field}", not got, f"sent none, stored {got}")
+    check(
+        "recipients.other",
+        not stored.other_address_headers,
+        "the stored copy names mailboxes in headers the send never set: "
+        + ", ".join(f"{name}: {value}" for name, value in stored.other_address_headers),
+    )
+    check(
+        "sender",
+        stored.sender is not None and stored.sender.address == sent.sender.address,
+        f"sent from {sent.sender.address}, stored from "
+        + (stored.sender.address if stored.sender else "nobody"),
+    )
     check(
         "subject",
         stored.subject == sent.subject == rendered.subject,

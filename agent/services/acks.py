@@ -15,6 +15,7 @@ from agent.domain.context import WorkspaceContext
 from agent.domain.dispositions import Disposition
 from agent.domain.envelope import Envelope
 from agent.domain.errors import ProviderError
+from agent.domain.headers import msg_id, references_for
 from agent.domain.mail import OutgoingMessage
 from agent.domain.records import SendIntent
 from agent.domain.task import CommunicationState, Task
@@ -45,7 +46,7 @@ def ack_message(
         greeting="",
         signature="",
     )
-    parent = envelope.internet_message_id
+    parent = msg_id(envelope.internet_message_id)
     return outgoing(
         key=plan.key,
         kind=SendKind.ACK,
@@ -58,7 +59,7 @@ def ack_message(
         html=rendered.html,
         thread_id=envelope.provider_thread_id,
         in_reply_to=parent,
-        references=(*envelope.references, parent) if parent else envelope.references,
+        references=references_for(parent, envelope.references, envelope.in_reply_to),
         automated=True,
     )
 

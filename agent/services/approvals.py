@@ -19,12 +19,13 @@ from agent.domain.approval import (
     request_answered,
     standing_covers,
     strictest,
+    subject_words,
 )
 from agent.domain.automation import SendKind
 from agent.domain.context import WorkspaceContext
 from agent.domain.dispositions import GateKind
 from agent.domain.envelope import Envelope
-from agent.domain.errors import GateRefused, InvalidRequest
+from agent.domain.errors import GateRefused, InvalidRequest, ProviderError
 from agent.domain.gates import draft_digest, preflight
 from agent.domain.recipients import build_recipients
 from agent.domain.records import TaskAmendment
@@ -39,6 +40,10 @@ from agent.services.outbound import SendStatus, outgoing, send_once, sent_ref
 from agent.services.workspaces import load_context
 
 
+def request_subject(task: Task) -> str:
+    return f"Approval needed: {flag(task.title).shown}"
+
+
 def _request_text(task: Task, draft: RenderedMessage, to: str) -> str:
     title = flag(task.title)
     flags = "".join(f"\n⚠ {f}" for f in (*title.flags, *task.content_flags))
@@ -46,7 +51,7 @@ def _request_text(task: Task, draft: RenderedMessage, to: str) -> str:
         f"Approval needed for task {task.task_id}: {title.shown}{flags}\n"
         f"The draft below is ready to go to {to}. Reply 'Approved' to approve exactly this "
         "draft, or say what to change. Nothing is sent to the client before that.\n\n"
-        f"Subject: {draft.subject}\n\n{draft.text}"
+        f"Subject: {flag(draft.subject).shown}\n\n{draft.text}"
     )
 
 
@@ -57,7 +62,8 @@ def _request_html(task: Task, draft: RenderedMessage, to: str) -> str:
         f"<p>Approval needed for task {html.escape(task.task_id)}: "
         f"{html.escape(flag(task.title).shown)}</p>"
         f"<p>The draft below is ready to go to {html.escape(to)}. Reply 'Approved' to approve "
-        "exactly this draft, or say what to change.</p></div>"
+        "exactly this draft, or say what to change.</p>"
+        f"<p>Subject: {html.escape(flag(draft.subject).shown)}</p></div>"
     )
     lowered = draft.html.lower()
     at = lowered.find("<body")
@@ -116,7 +122,7 @@ async def request_approval(
         mailbox_id=task.mailbox_id,
         to=to,
         cc=cc,
-        subject=f"Approval needed: {flag(task.title).shown}",
+        subject=request_subject(task),
         text=_request_text(task, draft, shown_to),
         html=_request_html(task, draft, shown_to),
     )
@@ -178,6 +184,19 @@ async def reply_text(provider: MailProvider, body_ref: str) -> tuple[str, ...]:
     return texts
 
 
+async def _request_as_sent(provider: MailProvider, request: ApprovalRequest) -> str:
+    """The approval request's words as the provider stored them (text and HTML): quoted
+    history in a reply is compared with them. Empty when the copy cannot be read, so that
+    nothing quoted can be taken for the request."""
+    try:
+        copy = await provider.read_back(request.internet_message_id)
+    except ProviderError:
+        return ""
+    if copy is None:
+        return ""
+    return copy.text + "\n" + (visible_text(copy.html) if copy.html else "")
+
+
 def _in_approval_thread(task: Task, envelope: Envelope) -> bool:
     """The message answers something in one of the task's approval threads: a request, or a
     reply to one."""
@@ -209,6 +228,8 @@ async def judge_inbound(
             return None
         request = task.approval_requests[-1]
     texts, risk = await reply_parts(provider, envelope.body_ref)
+    sent = await _request_as_sent(provider, request)
+    asked = request_subject(task)
     verdicts = [
         judge_reply(
             context,
@@ -218,6 +239,8 @@ async def judge_inbound(
             received_at=envelope.received_at,
             body=text,
             now=clock.now(),
+            sent=sent,
+            subject_words=subject_words(envelope.subject, asked),
         )
         for text in texts
     ]

@@ -41,6 +41,8 @@ def task_draft(
             received_at=envelope.received_at,
             sender=envelope.sender.address,
             body_ref=envelope.body_ref,
+            in_reply_to=envelope.in_reply_to,
+            references=envelope.references,
         ),
         sender_identity=envelope.sender.address,
         sender_side=sender_contact.side.value if sender_contact and sender_contact.side else None,

@@ -11,7 +11,7 @@ docs/gates.md has the routing table; each row is a test in tests/services/test_r
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 
 from agent.domain import gates
@@ -170,14 +170,19 @@ def triage(
         next_action = NextAction(description=f"decide: {found.reason}", owner=owner)
         detail = found.reason
     elif approval is not None:
-        return _approval_reply(context, task, approval, owner, shown)
-    elif not task_created and _answered_after(task, envelope):
+        verdict = _approval_reply(context, task, approval, owner, shown)
+        return _held_by_preflight(verdict, preflight_failure, escalation_owner, now)
+    elif preflight_failure is None and not task_created and _answered_after(task, envelope):
         return Triage(
             Disposition.ALREADY_ANSWERED,
             shown,
             "the thread already had a reply sent after this message",
         )
-    elif task_created and _internal_fyi(context, envelope, sender.internal):
+    elif (
+        preflight_failure is None
+        and task_created
+        and _internal_fyi(context, envelope, sender.internal)
+    ):
         return Triage(
             Disposition.CLOSED_NO_REPLY_NEEDED,
             shown.model_copy(
@@ -279,6 +284,28 @@ def triage(
             }
         ),
         "; ".join(reasons),
+    )
+
+
+def _held_by_preflight(verdict: Triage, failure: str | None, owner: str, now: datetime) -> Triage:
+    """A verdict with the failed licence/grant preflight gating it: every item that is not
+    automated noise is escalated while the preflight fails, whatever else it is."""
+    if failure is None:
+        return verdict
+    gate = Gate(kind=GateKind.PREFLIGHT, owner=owner, since=now, reason=failure)
+    update = verdict.update.model_copy(
+        update={
+            "add_gates": (*verdict.update.add_gates, gate),
+            "next_action": NextAction(
+                description=f"restore the licence/grant ({failure})", owner=owner
+            ),
+        }
+    )
+    return replace(
+        verdict,
+        disposition=Disposition.ESCALATED,
+        update=update,
+        detail=f"{verdict.detail}; {failure}",
     )
 
 

@@ -64,8 +64,8 @@ async def reply_to_requester(
         raise GateRefused(f"the status reply to {task.requester} cannot go: {gate.summary()}")
     to, cc = gate.plan.addresses()
     key = f"status|{task_id}|{hashlib.sha256((complete + '|' + remaining).encode()).hexdigest()}"
-    latest = task.latest_inbound(task.requester)
-    parent = latest.internet_message_id if latest is not None else None
+    answered = task.answered_message((*to, *cc))
+    parent, references = answered.reply_headers() if answered is not None else (None, ())
     intent, message = outgoing(
         key=key,
         kind=SendKind.INTERNAL_REPLY,
@@ -79,7 +79,7 @@ async def reply_to_requester(
         html=rendered.html,
         thread_id=task.provider_thread_id,
         in_reply_to=parent,
-        references=(parent,) if parent else (),
+        references=references,
     )
     outcome = await send_once(store, provider, intent, message, clock)
     if outcome.status is SendStatus.IN_PROGRESS:

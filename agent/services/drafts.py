@@ -16,7 +16,7 @@ from agent.domain.errors import GateRefused, InvalidRequest, RegistryError
 from agent.domain.gates import DraftFacts, draft_digest
 from agent.domain.records import DraftRecord
 from agent.domain.states import TERMINAL_STATES
-from agent.domain.untrusted import shown
+from agent.domain.untrusted import seen_form, shown
 from agent.ports import Clock, MailProvider, Store
 from agent.rendering.render import RenderedMessage, render_message, reply_subject
 from agent.rendering.text import link_targets, readable_text
@@ -106,11 +106,19 @@ UNTRUSTED_END = "<<<END OF UNTRUSTED EMAIL>>>"
 
 
 _MARKER_BRACKETS = re.compile(r"<{3,}|>{3,}")
+# Characters that look like an angle bracket and that NFKC leaves alone.
+_ANGLES = str.maketrans(
+    dict.fromkeys("\u2039\u00ab\u3008\u27e8\u276e\u276c\u29fc\u02c2\u1438\u2329", "<")
+    | dict.fromkeys("\u203a\u00bb\u3009\u27e9\u276f\u276d\u29fd\u02c3\u1433\u232a", ">")
+)
 
 
 def _data(text: str) -> str:
-    """Text that cannot open or close the untrusted block: every run of three or more angle
-    brackets is removed, until none is left (a removal can join two shorter runs)."""
+    """Text that cannot open or close the untrusted block: read as it looks (invisible
+    characters removed, fullwidth and other look-alike brackets made plain), then every run
+    of three or more angle brackets is removed, until none is left (a removal can join two
+    shorter runs)."""
+    text = seen_form(text).translate(_ANGLES)
     while True:
         cleaned = _MARKER_BRACKETS.sub("", text)
         if cleaned == text:
@@ -124,7 +132,7 @@ async def draft_request(
     """The request for a reply body to the task's latest message from its sender."""
     task = load_task(store, task_id)
     context = load_context(store, task.workspace_id)
-    message = task.latest_inbound(task.sender_identity)
+    message = task.latest_inbound((task.sender_identity,))
     if message is None:
         raise InvalidRequest(f"task {task_id} has no inbound message to answer; write the body")
     body = await provider.fetch_body(message.body_ref or message.provider_message_id)

@@ -17,16 +17,19 @@ from enum import StrEnum
 
 from agent import crashpoints
 from agent.domain.envelope import Address
-from agent.domain.mail import OutgoingMessage, SendResult
-from agent.domain.records import SendIntent, SendRecord, SendState
+from agent.domain.errors import HandoverRefused
+from agent.domain.handover import check_handover
+from agent.domain.headers import msg_id
+from agent.domain.mail import Handover, OutgoingMessage, SendResult
+from agent.domain.records import SendIntent, SendRecord, SendState, TaskAmendment
 from agent.domain.task import MessageRef
 from agent.ports import Clock, MailProvider, Store
 from agent.services.holder import current_holder, holder_alive
 
 IN_FLIGHT = timedelta(minutes=10)
+"""How long an unfinished intent is taken to be another worker's send still in progress."""
 _SENDING: set[str] = set()
 """Keys this process is handing to a provider right now."""
-"""How long an unfinished intent is taken to be another worker's send still in progress."""
 
 
 class SendStatus(StrEnum):
@@ -71,6 +74,7 @@ async def send_once(
     """
     if message.internet_message_id != intent.internet_message_id:
         raise ValueError("the message and its intent must carry the same Message-ID")
+    handover = await checked_handover(store, provider, intent, message, clock)
     if not intent.holder:
         intent = intent.model_copy(update={"holder": current_holder()})
     record = store.begin_send(intent, clock.now(), cap)
@@ -82,16 +86,39 @@ async def send_once(
         return SendOutcome(SendStatus.IN_PROGRESS, record)
     _SENDING.add(record.key)  # no await since the check: this task owns the key here
     try:
-        return await _send(store, provider, intent, message, record, clock)
+        return await _send(store, provider, intent, handover, record, clock)
     finally:
         _SENDING.discard(record.key)
+
+
+async def checked_handover(
+    store: Store, provider: MailProvider, intent: SendIntent, message: OutgoingMessage, clock: Clock
+) -> Handover:
+    """The form the channel would hand ``message`` over in, checked against the plan; a
+    difference refuses the send before anything is ledgered or handed over, and the task
+    records why."""
+    handover = await provider.prepare(message)
+    problems = check_handover(handover)
+    if handover.message != message:
+        problems = ("the channel prepared another message than the one planned", *problems)
+    if not problems:
+        return handover
+    if intent.task_id is not None:
+        store.amend_task(
+            intent.task_id,
+            TaskAmendment(
+                event=f"send {intent.key} refused before handover: {'; '.join(problems)}"
+            ),
+            clock.now(),
+        )
+    raise HandoverRefused(intent.key, problems)
 
 
 async def _send(
     store: Store,
     provider: MailProvider,
     intent: SendIntent,
-    message: OutgoingMessage,
+    handover: Handover,
     record: SendRecord,
     clock: Clock,
 ) -> SendOutcome:
@@ -111,7 +138,7 @@ async def _send(
             )
             return SendOutcome(SendStatus.RECOVERED, done)
     crashpoints.hit("before_provider_send")
-    result = await provider.send(message)
+    result = await provider.send(handover)
     crashpoints.hit("after_provider_send")
     done = store.complete_send(
         intent.key,
@@ -140,12 +167,13 @@ def outgoing(
     automated: bool = False,
 ) -> tuple[SendIntent, OutgoingMessage]:
     """A message from the workspace's mailbox and its ledger entry, sharing one Message-ID
-    derived from the key. ``thread_id`` empty starts a new thread."""
+    derived from the key. ``thread_id`` empty starts a new thread. Identifiers that are not
+    in msg-id form are left out of the threading headers."""
     mid = message_id_for(key, mailbox_id)
     message = OutgoingMessage(
         provider_thread_id=thread_id,
-        in_reply_to=in_reply_to,
-        references=references,
+        in_reply_to=msg_id(in_reply_to),
+        references=tuple(dict.fromkeys(m for m in map(msg_id, references) if m is not None)),
         sender=Address(address=mailbox_id),
         to=tuple(Address(address=a) for a in to),
         cc=tuple(Address(address=a) for a in cc),

@@ -21,7 +21,7 @@ from agent.domain.mail import OutgoingMessage
 from agent.domain.recipients import Communication
 from agent.domain.records import SendIntent, SendRecord, SendState, TaskAmendment
 from agent.domain.states import TaskState
-from agent.domain.task import CommunicationState, Task
+from agent.domain.task import CommunicationState, NextAction, Task
 from agent.ports import Clock, MailProvider, Store
 from agent.rendering.render import RenderedMessage
 from agent.rendering.verify import Check, ReadBackReport, verify_read_back
@@ -79,12 +79,6 @@ def _draft_of(key: str) -> str:
     return parts[1]
 
 
-def _parent_id(task: Task) -> str | None:
-    """The Message-ID the reply answers."""
-    parent = task.latest_inbound()
-    return parent.internet_message_id if parent is not None else None
-
-
 def _message(
     task: Task,
     key: str,
@@ -92,8 +86,10 @@ def _message(
     to: tuple[str, ...],
     cc: tuple[str, ...],
     kind: SendKind,
-    parent: str | None,
 ) -> tuple[SendIntent, OutgoingMessage]:
+    """The reply, answering the thread's latest message from its recipients."""
+    answered = task.answered_message((*to, *cc))
+    parent, references = answered.reply_headers() if answered is not None else (None, ())
     return outgoing(
         key=key,
         kind=kind,
@@ -107,7 +103,7 @@ def _message(
         html=rendered.html,
         thread_id=task.provider_thread_id,
         in_reply_to=parent,
-        references=(parent,) if parent else (),
+        references=references,
     )
 
 
@@ -150,7 +146,7 @@ async def send_reply(
             clock.now(),
         )
     kind = SendKind.CLIENT_REPLY if client else SendKind.INTERNAL_REPLY
-    intent, message = _message(task, key, rendered, to_addrs, cc_addrs, kind, _parent_id(task))
+    intent, message = _message(task, key, rendered, to_addrs, cc_addrs, kind)
     mid = intent.internet_message_id
     outcome = await send_once(store, provider, intent, message, clock)
     if outcome.status is SendStatus.IN_PROGRESS:
@@ -159,18 +155,21 @@ async def send_reply(
         raise GateRefused(f"send {key} was refused by the ledger: {outcome.record.detail}")
     now = clock.now()
     amendment = TaskAmendment(
-        event=f"{kind.value} sent: {key}",
+        event=f"{kind.value} handed over: {key}" + _delivery_note(outcome),
         sent_message=sent_ref(outcome, kind.value, task.mailbox_id, now),
     )
     if client:
+        # The task reaches CLIENT_REPLY_SENT only when read_back proves the stored copy.
         amendment = amendment.model_copy(
             update={
                 "expect_states": (TaskState.APPROVED_TO_SEND,),
-                "state": TaskState.CLIENT_REPLY_SENT,
-                "remove_gate_kinds": (GateKind.INTERNAL_APPROVAL,),
-                "communication_state": CommunicationState.CLIENT_REPLY_SENT,
                 "sent_message_id": mid,
                 "recipients": (*to_addrs, *cc_addrs),
+                "next_action": NextAction(
+                    description=f"read back send {key}: the reply counts as sent once the "
+                    "provider's stored copy is verified",
+                    owner=task.next_action.owner,
+                ),
             }
         )
     else:
@@ -181,6 +180,16 @@ async def send_reply(
         amendment = amendment.model_copy(update=update)
     task = store.amend_task(task_id, amendment, now)
     return ReplyOutcome(gate=gate, outcome=outcome, task=task)
+
+
+def _delivery_note(outcome: SendOutcome) -> str:
+    if outcome.result is None:
+        return f" ({outcome.status.value})"
+    if outcome.result.delivered:
+        return f" (sent via {outcome.result.channel})"
+    return (
+        f" (written to {outcome.result.channel}: a local copy that reached no one, not a delivery)"
+    )
 
 
 @dataclass(frozen=True)
@@ -219,7 +228,7 @@ async def read_back(
         )
         return ReadBack(send=record, report=report, stored_provider_message_id=None)
     kind = SendKind(record.kind)
-    _, sent = _message(task, record.key, rendered, to, cc, kind, None)
+    _, sent = _message(task, record.key, rendered, to, cc, kind)
     copy = await provider.read_back(record.internet_message_id)
     if copy is None:
         report = ReadBackReport(
@@ -238,8 +247,25 @@ async def read_back(
         "all checks passed" if report.ok else "failed " + ", ".join(c.name for c in report.failed)
     )
     store.amend_task(
-        task.task_id,
-        TaskAmendment(event=f"read back {send_id}", readback_evidence=evidence),
-        clock.now(),
+        task.task_id, _read_back_amendment(task, record, report, evidence), clock.now()
     )
     return ReadBack(send=record, report=report, stored_provider_message_id=copy.provider_message_id)
+
+
+def _read_back_amendment(
+    task: Task, record: SendRecord, report: ReadBackReport, evidence: str
+) -> TaskAmendment:
+    """What a read-back records: a client reply whose stored copy passed every check (its
+    delivery included) is sent; anything else is evidence only."""
+    amendment = TaskAmendment(event=f"read back {record.key}", readback_evidence=evidence)
+    proven = report.ok and SendKind(record.kind) is SendKind.CLIENT_REPLY
+    if not proven or task.state is not TaskState.APPROVED_TO_SEND:
+        return amendment
+    return amendment.model_copy(
+        update={
+            "expect_states": (TaskState.APPROVED_TO_SEND,),
+            "state": TaskState.CLIENT_REPLY_SENT,
+            "remove_gate_kinds": (GateKind.INTERNAL_APPROVAL,),
+            "communication_state": CommunicationState.CLIENT_REPLY_SENT,
+        }
+    )

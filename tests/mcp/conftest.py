@@ -20,7 +20,10 @@ from mcp import Client
 from mcp.shared.exceptions import MCPError
 from mcp.types import CallToolResult
 
-from agent.providers.maildir import SENT_FOLDER
+from agent.domain.context import MailboxBinding
+from agent.domain.mail import Handover, SendResult, StoredCopy
+from agent.ports import MailProvider
+from agent.providers.maildir import SENT_FOLDER, MaildirProvider
 from agent.services import workspaces
 from agent.storage.sqlite import SqliteStore
 from agent.testing import FrozenClock
@@ -34,7 +37,7 @@ APPROVER = "noa.bar@fabrikam.test"
 COLLEAGUE = "eli.tal@fabrikam.test"
 STRANGER = "mallory@evil.test"
 
-REFUSAL_KINDS = {"gate", "policy", "task_state", "already_sent"}
+REFUSAL_KINDS = {"gate", "policy", "task_state", "already_sent", "handover"}
 """Every kind of refusal the server gives (``data["refused"]``)."""
 
 COLLEAGUE_LINE = (
@@ -46,6 +49,26 @@ COLLEAGUE_LINE = (
 def station_context(workspace_id: str = "ws-test-0001", extra: str = "", **kw: Any) -> str:
     text = context_yaml(workspace_id, provider="maildir", path="Maildir", extra=extra, **kw)
     return text.replace("contacts:\n", "contacts:\n" + COLLEAGUE_LINE, 1)
+
+
+class SubmittingMaildir(MaildirProvider):
+    """A Maildir mailbox behind a mail server that delivers what it sends (as a mailbox reached
+    over IMAP and SMTP does). Only the delivery is assumed: reading, threading, what is handed
+    over and the stored copies are the Maildir adapter's own. The lifecycle tests need a
+    delivered client reply; a plain Maildir's outbox copy never is one (tested on its own)."""
+
+    async def send(self, handover: Handover) -> SendResult:
+        result = await super().send(handover)
+        return result.model_copy(update={"delivered": True, "channel": "test-submission"})
+
+    async def read_back(self, internet_message_id: str) -> StoredCopy | None:
+        copy = await super().read_back(internet_message_id)
+        return copy.model_copy(update={"delivered": True}) if copy is not None else None
+
+
+def submitting(binding: MailboxBinding) -> MailProvider:
+    assert binding.path is not None
+    return SubmittingMaildir(Path(binding.path), binding.mailbox_id)
 
 
 @dataclass
@@ -109,8 +132,16 @@ class OperatorStation:
         mailbox.Maildir(str(self.maildir), create=True).add(msg.as_bytes())
         return mid
 
+    def deliver_raw(self, raw: bytes) -> None:
+        """Drop one message into the Maildir inbox exactly as these bytes (crafted mail)."""
+        mailbox.Maildir(str(self.maildir), create=True).add(raw)
+
+    delivering: bool = True
+    """Sends are delivered by a mail server (False: the plain Maildir adapter's outbox)."""
+
     def server(self) -> Any:
-        return build_server(Settings(data_dir=self.data_dir), clock=self.clock)
+        providers = submitting if self.delivering else None
+        return build_server(Settings(data_dir=self.data_dir), clock=self.clock, providers=providers)
 
     @asynccontextmanager
     async def client(self) -> AsyncIterator[Client]:
@@ -227,6 +258,15 @@ async def approve_by_reply(
 
 
 # -- the Maildir outbox ------------------------------------------------------------------------
+
+
+def sent_raw(maildir: Path) -> list[bytes]:
+    """The exact bytes of every copy the Maildir provider's send wrote, in key order."""
+    box = mailbox.Maildir(str(maildir), create=False)
+    if SENT_FOLDER not in box.list_folders():
+        return []
+    sent = box.get_folder(SENT_FOLDER)
+    return [sent.get_bytes(key) for key in sorted(sent.iterkeys())]
 
 
 def sent_messages(maildir: Path) -> list[EmailMessage]:

@@ -528,7 +528,7 @@ async def test_an_approved_draft_goes_out_once_and_a_second_send_is_refused(
         unsent = await snapshot(station, client, task_id)
         sent = await call(client, "send", task_id=task_id, draft_id=draft_id, to=[CLIENT])
         assert sent["status"] == "sent"
-        assert sent["task_state"] == "CLIENT_REPLY_SENT"
+        assert sent["task_state"] == "APPROVED_TO_SEND"  # sent once read back
         assert len(client_copies(station)) == 1
         before = await snapshot(station, client, task_id)
         # The snapshot sees a real send in every part it compares.
@@ -610,7 +610,7 @@ async def test_two_hosts_sending_the_same_approved_draft_at_once_make_one_client
         finally:
             store.close()
         assert len(client_sends) == 1
-        assert (await state(first, task_id)) == "CLIENT_REPLY_SENT"
+        assert (await state(first, task_id)) == "APPROVED_TO_SEND"  # handed over once
 
 
 # -- 6. arguments the schema does not have -----------------------------------------------------
@@ -961,6 +961,35 @@ async def test_an_approved_draft_naming_another_workspaces_client_is_refused(
         refusal = await refused(client, "send", task_id=task_id, draft_id=draft_id, to=[CLIENT])
         assert blockers(refusal) == {"foreign_content"}
         assert OTHER_CLIENT in reason_for(refusal, "foreign_content")["detail"]
+        assert await snapshot(station, client, task_id) == before
+        assert client_copies(station) == []
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        "As with sam.jo\u00adnes@tailspin.test last week, the price is 120 USD.",  # soft hyphen
+        "As with sam.jones@tail\u200bspin.test last week, the price is 120 USD.",  # ZW space
+        "As with sam\u200d.jones@tailspin.test last week, the price is 120 USD.",  # ZW joiner
+        "As with ｓａｍ.ｊｏｎｅｓ@ｔａｉｌｓｐｉｎ.ｔｅｓｔ last week, the price is 120 USD.",
+        "As with SAM.JONES@TAILSPIN.TEST last week, the price is 120 USD.",
+        "As with the team at eu.tailspin.test last week, the price is 120 USD.",  # subdomain
+        "Prices as [agreed](https://portal.tail\u00adspin.test/q4) last week: 120 USD.",  # link
+    ],
+    ids=["soft-hyphen", "zero-width-space", "zero-width-joiner", "fullwidth", "upper-case",
+         "subdomain", "link-target"],
+)  # fmt: skip
+async def test_another_workspaces_client_hidden_from_plain_matching_is_still_refused(
+    station: OperatorStation, body: str
+) -> None:
+    register_other(station)
+    async with station.client() as client:
+        task_id, _ = await client_task(station, client)
+        draft_id = await drafted(client, task_id, body)
+        await approved(station, client, task_id, draft_id)
+        before = await snapshot(station, client, task_id)
+        refusal = await refused(client, "send", task_id=task_id, draft_id=draft_id, to=[CLIENT])
+        assert blockers(refusal) == {"foreign_content"}
         assert await snapshot(station, client, task_id) == before
         assert client_copies(station) == []
 

@@ -26,7 +26,7 @@ from mcp.shared.exceptions import MCPError
 
 from agent.domain.context import MailboxBinding
 from agent.domain.errors import ProviderError
-from agent.domain.mail import MessageBody, OutgoingMessage, SendResult
+from agent.domain.mail import Handover, MessageBody, SendResult
 from agent.ports import MailProvider
 from agent.providers.maildir import MaildirProvider
 from agent.services import workspaces
@@ -109,10 +109,10 @@ class HookedMaildir(MaildirProvider):
             await self._hooks.body.turn()
         return await super().fetch_body(body_ref)
 
-    async def send(self, message: OutgoingMessage) -> SendResult:
+    async def send(self, handover: Handover) -> SendResult:
         if self._hooks.send is not None:
             await self._hooks.send.turn()
-        return await super().send(message)
+        return await super().send(handover)
 
 
 def hooked_client(station: OperatorStation, hooks: Hooks) -> Client:
@@ -274,7 +274,7 @@ async def test_two_concurrent_sends_of_one_approved_client_draft_in_one_session_
     assert [a.result["status"] for a in sent if a.result] == ["sent"], answers
     [other] = [a for a in answers.values() if a.result is None]
     assert refused_as_a_repeat(other), other
-    assert task["state"] == "CLIENT_REPLY_SENT"
+    assert task["state"] == "APPROVED_TO_SEND"  # handed over once; sent once read back
     assert task["sent_message_id"] == client_copies(station)[0]["Message-ID"]
 
 

@@ -53,8 +53,13 @@ RACERS = 4
 """Server processes racing on one occurrence (the test machine has two cores)."""
 
 READ_BACK_CHECKS = {
+    "delivered",
     "recipients.to",
     "recipients.cc",
+    "recipients.bcc",
+    "recipients.reply_to",
+    "recipients.other",
+    "sender",
     "subject",
     "thread",
     "message_id",
@@ -492,7 +497,7 @@ async def test_scenario_05_internal_work_proceeds_while_the_client_send_waits_fo
             client, "send", task_id=task_id, draft_id=note["draft_id"], to=[COLLEAGUE]
         )
         assert internal["status"] == "sent" and internal["to"] == [COLLEAGUE]
-        assert internal["delivered"] is False  # a Maildir outbox copy, not a delivery
+        assert internal["delivered"] is True  # the station's mail server delivers it
         assert internal["task_state"] == "DRAFT_READY"
         assert (await call(client, "read_back", send_id=internal["send_id"]))["ok"] is True
 
@@ -571,9 +576,8 @@ async def test_scenario_06_an_approved_client_reply_stays_in_the_original_thread
 
         sent = await call(client, "send", task_id=task_id, draft_id=reply["draft_id"], to=[CLIENT])
         assert sent["status"] == "sent" and sent["to"] == [CLIENT] and sent["cc"] == []
-        assert sent["channel"] == "maildir-outbox"
-        assert sent["delivered"] is False  # the outbox copy is not a delivery
-        assert sent["task_state"] == "CLIENT_REPLY_SENT"
+        assert sent["channel"] == "test-submission" and sent["delivered"] is True
+        assert sent["task_state"] == "APPROVED_TO_SEND"  # sent once the copy is read back
         assert sent["provider_thread_id"] == await provider_thread_of(station, client_message)
 
         read_back = await call(client, "read_back", send_id=sent["send_id"])
@@ -584,6 +588,7 @@ async def test_scenario_06_an_approved_client_reply_stays_in_the_original_thread
         assert read_back["stored_provider_message_id"] == sent["provider_message_id"]
 
         task = await call(client, "get_task", task_id=task_id)
+        assert task["state"] == "CLIENT_REPLY_SENT"
         assert task["sent_message_id"] == sent["internet_message_id"]
         assert task["readback_evidence"] == (
             f"read back {sent['internet_message_id']}: all checks passed"
@@ -660,7 +665,7 @@ async def test_scenario_07_hebrew_rtl_and_english_ltr_survive_stored_copy_read_b
                 client, "send", task_id=task_id, draft_id=draft["draft_id"], to=[CLIENT]
             )
             assert sends[task_id]["status"] == "sent"
-            assert sends[task_id]["delivered"] is False  # an outbox copy, not a delivery
+            assert sends[task_id]["delivered"] is True
             read_backs[task_id] = await call(client, "read_back", send_id=sends[task_id]["send_id"])
 
     for task_id, read_back in read_backs.items():

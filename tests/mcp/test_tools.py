@@ -626,7 +626,7 @@ async def test_an_approvers_reply_taken_in_by_intake_lets_the_approved_draft_go_
 
     assert sent["status"] == "sent"
     assert sent["to"] == [CLIENT] and sent["cc"] == []
-    assert sent["task_state"] == "CLIENT_REPLY_SENT"
+    assert sent["task_state"] == "APPROVED_TO_SEND"  # sent once read back
     assert sent["internet_message_id"]
 
     assert checked["ok"] is True
@@ -763,8 +763,8 @@ async def test_a_standing_approval_covers_a_task_the_server_classified_in_exactl
     assert "receipt-confirmation" in found["finding"] and APPROVER in found["finding"]
     assert gate["ready"] is True
     assert gate["approval_basis"] is not None and "receipt-confirmation" in gate["approval_basis"]
-    assert sent["task_state"] == "CLIENT_REPLY_SENT"
-    assert checked["ok"] is True
+    assert sent["task_state"] == "APPROVED_TO_SEND"
+    assert checked["ok"] is True and task["state"] == "CLIENT_REPLY_SENT"
     assert task["message_class"] == "receipt-confirmation"
     assert task["approval_requests"] == []
     assert len(sent_messages(station.maildir)) == 1

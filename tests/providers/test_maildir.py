@@ -434,7 +434,7 @@ async def test_fetch_body_of_a_foreign_reference_raises_provider_error(
 async def test_send_writes_an_rfc822_copy_into_the_sent_folder(
     provider: MaildirProvider, maildir_path: Path
 ) -> None:
-    result = await provider.send(outgoing())
+    result = await provider.send(await provider.prepare(outgoing()))
 
     assert result.delivered is False
     assert result.channel == "maildir-outbox"
@@ -467,8 +467,8 @@ async def test_send_writes_an_rfc822_copy_into_the_sent_folder(
 
 @pytest.mark.anyio
 async def test_read_back_finds_the_sent_copy_by_message_id(provider: MaildirProvider) -> None:
-    await provider.send(outgoing("<other@fabrikam.test>", html=None))
-    result = await provider.send(outgoing())
+    await provider.send(await provider.prepare(outgoing("<other@fabrikam.test>", html=None)))
+    result = await provider.send(await provider.prepare(outgoing()))
 
     copy = await provider.read_back("<reply-1@fabrikam.test>")
 
@@ -493,7 +493,7 @@ async def test_read_back_of_a_reply_names_the_thread_of_the_inbox_message(
     assert item.envelope is not None
     thread = item.envelope.provider_thread_id
 
-    await provider.send(outgoing(thread=thread))
+    await provider.send(await provider.prepare(outgoing(thread=thread)))
     copy = await provider.read_back("<reply-1@fabrikam.test>")
 
     assert copy is not None
@@ -507,7 +507,7 @@ async def test_read_back_of_an_unknown_message_id_returns_none(
     assert await provider.read_back("<never-sent@fabrikam.test>") is None
     assert not (maildir_path / ".Sent").exists()
 
-    await provider.send(outgoing())
+    await provider.send(await provider.prepare(outgoing()))
 
     assert await provider.read_back("<never-sent@fabrikam.test>") is None
 
@@ -529,7 +529,7 @@ async def test_provider_never_modifies_the_inbox(
     for item in items:
         if item.envelope is not None:
             await provider.fetch_body(item.envelope.body_ref)
-    await provider.send(outgoing())
+    await provider.send(await provider.prepare(outgoing()))
     assert await provider.read_back("<reply-1@fabrikam.test>") is not None
     await scan_all(provider)
     await provider.health()
@@ -543,7 +543,7 @@ async def test_provider_never_modifies_the_inbox(
 
 @pytest.mark.anyio
 async def test_sent_copies_do_not_appear_in_the_inbox_scan(provider: MaildirProvider) -> None:
-    await provider.send(outgoing())
+    await provider.send(await provider.prepare(outgoing()))
 
     assert await scan_all(provider) == []
 
@@ -562,7 +562,7 @@ async def test_missing_maildir_path_raises_provider_error_naming_the_path(
         await scan_all(provider)
     assert str(missing) in str(scanned.value)
     with pytest.raises(ProviderError, match="no-such-maildir"):
-        await provider.send(outgoing())
+        await provider.send(await provider.prepare(outgoing()))
     with pytest.raises(ProviderError, match="no-such-maildir"):
         await provider.read_back("<reply-1@fabrikam.test>")
     assert not missing.exists()

@@ -169,7 +169,7 @@ async def test_send_then_read_back_round_trips_subject_recipients_and_message_id
     assert item.envelope is not None
     outgoing = reply(item.envelope.provider_thread_id)
 
-    result = await provider.send(outgoing)
+    result = await provider.send(await provider.prepare(outgoing))
     copy = await provider.read_back(outgoing.internet_message_id)
 
     assert result.internet_message_id == outgoing.internet_message_id
@@ -199,7 +199,7 @@ async def test_read_back_of_an_unknown_message_id_is_none(
     deliver(1, "Please help.")
 
     assert await provider.read_back("<never-sent@fabrikam.test>") is None
-    await provider.send(reply("thread-1"))
+    await provider.send(await provider.prepare(reply("thread-1")))
     assert await provider.read_back("<never-sent@fabrikam.test>") is None
 
 

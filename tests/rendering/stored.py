@@ -70,5 +70,6 @@ def sent_and_stored(
         subject=sent.subject,
         text=sent.text,
         html=rendered.html,
+        delivered=True,
     )
     return sent, stored.model_copy(update=changes)

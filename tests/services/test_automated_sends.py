@@ -11,7 +11,7 @@ import pytest
 
 from agent.domain.dispositions import Disposition
 from agent.domain.errors import ProviderError
-from agent.domain.mail import OutgoingMessage, SendResult
+from agent.domain.mail import Handover, OutgoingMessage, SendResult
 from agent.domain.records import SendState
 from agent.domain.states import TaskState
 from agent.services import workspaces
@@ -115,8 +115,8 @@ class LosesTheAnswer(InMemoryProvider):
         super().__init__(mailbox_id)
         self.drop_next = True
 
-    async def send(self, message: OutgoingMessage) -> SendResult:
-        result = await super().send(message)
+    async def send(self, handover: Handover) -> SendResult:
+        result = await super().send(handover)
         if self.drop_next:
             self.drop_next = False
             raise ProviderError("connection reset after the message was accepted")

@@ -1,0 +1,120 @@
+"""The MIME form of an outgoing message, for every channel that hands over RFC 822 bytes.
+
+The header block is written here, value by value, never by the email package's header
+classes: on the Pythons this project supports, those decode RFC 2047 encoded words found in
+a value they are given and write the decoded text out, so an encoded CR LF copied from
+received mail would become a header line of its own (CVE-2024-6923). Every value that came
+from mail (a subject, a display name) is taken as decoded text, put on one line, and encoded
+again here: plain printable ASCII as it is, anything else - non-ASCII, control characters,
+text that looks like an encoded word - as UTF-8 encoded words. Identifiers are copied only
+in msg-id form (``agent.domain.headers``); addresses only as plain addr-specs. Only the body
+parts are built by the email package (with ``verify_generated_headers`` on where the running
+Python has it). The result is still checked as bytes before any channel takes it
+(``agent.domain.handover``): nothing here is trusted to be right.
+"""
+
+from __future__ import annotations
+
+import email.header
+import email.policy
+import email.utils
+import re
+from collections.abc import Sequence
+from datetime import datetime
+from email.message import EmailMessage
+
+from agent.domain.envelope import Address, header_text
+from agent.domain.mail import OutgoingMessage
+
+CRLF = "\r\n"
+_SAFE_TEXT = re.compile(r"[\x20-\x7e]*")
+_ATOM_WORD = re.compile(r"[A-Za-z0-9!#$%&'*+\-/=?^_`{|}~ .]*")
+_ADDR_SPEC = re.compile(
+    r"[A-Za-z0-9!#$%&'*+\-/=?^_`{|}~]+(?:\.[A-Za-z0-9!#$%&'*+\-/=?^_`{|}~]+)*"
+    r"@[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?)*"
+)
+_LONGEST_WORD = 76
+
+
+def _policy() -> email.policy.EmailPolicy[EmailMessage]:
+    policy = email.policy.SMTP
+    if hasattr(policy, "verify_generated_headers"):  # CPython's fix for CVE-2024-6923
+        policy = policy.clone(verify_generated_headers=True)
+    return policy
+
+
+_POLICY = _policy()
+
+
+class UnsendableHeader(ValueError):
+    """A value cannot be written as a header of a message we send."""
+
+
+def encoded_text(value: str, name: str) -> str:
+    """Unstructured text (RFC 5322 ``unstructured``) as one folded header value: printable
+    ASCII with no encoded-word lookalike stays as it is, anything else is UTF-8 encoded
+    words (RFC 2047)."""
+    value = header_text(value)
+    plain = (
+        _SAFE_TEXT.fullmatch(value) is not None
+        and "=?" not in value
+        and all(len(word) <= _LONGEST_WORD for word in value.split(" "))
+    )
+    charset = "us-ascii" if plain else "utf-8"
+    header = email.header.Header(value, charset, header_name=name)
+    return header.encode(linesep=CRLF)
+
+
+def mailbox(address: Address) -> str:
+    """``name <addr-spec>`` or the bare addr-spec; refused unless the address is plain."""
+    if _ADDR_SPEC.fullmatch(address.address) is None:
+        raise UnsendableHeader(f"{address.address!r} is not a plain address this core sends to")
+    if not address.name:
+        return address.address
+    name = header_text(address.name)
+    if _ATOM_WORD.fullmatch(name) and "=?" not in name and len(name) <= _LONGEST_WORD:
+        phrase = email.utils.quote(name)
+        return f'"{phrase}" <{address.address}>'
+    encoded = email.header.Header(name, "utf-8").encode(linesep=CRLF)
+    return f"{encoded} <{address.address}>"
+
+
+def _line(name: str, value: str) -> str:
+    return f"{name}: {value}{CRLF}"
+
+
+def _list(items: Sequence[str], separator: str) -> str:
+    return (separator + CRLF + " ").join(items)
+
+
+def header_block(message: OutgoingMessage, at: datetime) -> str:
+    """The message's own headers, in the order they are written."""
+    lines = [_line("From", mailbox(message.sender))]
+    lines.append(_line("To", _list([mailbox(a) for a in message.to], ",")))
+    if message.cc:
+        lines.append(_line("Cc", _list([mailbox(a) for a in message.cc], ",")))
+    lines.append(_line("Subject", encoded_text(message.subject, "Subject")))
+    lines.append(_line("Date", email.utils.format_datetime(at)))
+    lines.append(_line("Message-ID", message.internet_message_id))
+    if message.in_reply_to:
+        lines.append(_line("In-Reply-To", message.in_reply_to))
+    if message.references:
+        lines.append(_line("References", _list(message.references, "")))
+    return "".join(lines)
+
+
+def _content(message: OutgoingMessage) -> bytes:
+    part = EmailMessage(policy=_POLICY)
+    part.set_content(message.text)
+    if message.html is not None:
+        part.add_alternative(message.html, subtype="html")
+    if "MIME-Version" not in part:
+        part["MIME-Version"] = "1.0"
+    return part.as_bytes(policy=_POLICY)
+
+
+def build(message: OutgoingMessage, at: datetime) -> bytes:
+    """The RFC 822 bytes of ``message``, dated ``at`` (timezone-aware)."""
+    if not message.to:
+        raise UnsendableHeader("a message needs at least one To recipient")
+    return header_block(message, at).encode("ascii") + _content(message)
