@@ -56,6 +56,9 @@ class ApprovalRequest(BaseModel):
     recipients: tuple[str, ...] = ()
     """The client-facing recipients the draft was shown to go to: an approval covers a send
     to these and no one else."""
+    shown_flags: tuple[str, ...] = ()
+    """The warnings the request showed beside the task's title (its text is built again
+    from them to read a reply's quoted history)."""
 
 
 class ApprovalDecision(BaseModel):

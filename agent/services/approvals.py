@@ -25,16 +25,17 @@ from agent.domain.automation import SendKind
 from agent.domain.context import WorkspaceContext
 from agent.domain.dispositions import GateKind
 from agent.domain.envelope import Envelope
-from agent.domain.errors import GateRefused, InvalidRequest, ProviderError
+from agent.domain.errors import GateRefused, InvalidRequest, RegistryError
 from agent.domain.gates import draft_digest, preflight
 from agent.domain.recipients import build_recipients
-from agent.domain.records import TaskAmendment
+from agent.domain.records import DraftRecord, TaskAmendment
 from agent.domain.states import TaskState
 from agent.domain.task import CommunicationState, Gate, NextAction, Task
 from agent.domain.untrusted import flag
 from agent.ports import Clock, MailProvider, Store
 from agent.rendering.render import RenderedMessage
 from agent.rendering.text import html_risk, visible_text
+from agent.services.drafts import load_draft
 from agent.services.gate_check import load_task
 from agent.services.outbound import SendStatus, outgoing, send_once, sent_ref
 from agent.services.workspaces import load_context
@@ -44,9 +45,14 @@ def request_subject(task: Task) -> str:
     return f"Approval needed: {flag(task.title).shown}"
 
 
-def _request_text(task: Task, draft: RenderedMessage, to: str) -> str:
+def _shown_flags(task: Task) -> tuple[str, ...]:
+    """The flags an approval request shows beside the task's title (kept on the request)."""
+    return (*flag(task.title).flags, *task.content_flags)
+
+
+def _request_text(task: Task, draft: RenderedMessage, to: str, shown_flags: tuple[str, ...]) -> str:
     title = flag(task.title)
-    flags = "".join(f"\n⚠ {f}" for f in (*title.flags, *task.content_flags))
+    flags = "".join(f"\n⚠ {f}" for f in shown_flags)
     return (
         f"Approval needed for task {task.task_id}: {title.shown}{flags}\n"
         f"The draft below is ready to go to {to}. Reply 'Approved' to approve exactly this "
@@ -107,6 +113,17 @@ async def request_approval(
             + "); record one in the workspace context"
         )
     digest = draft_digest(draft.subject, draft.html, draft.text)
+    # The draft under approval is kept: a reply's quoted history is read against it.
+    store.save_draft(
+        DraftRecord(
+            draft_id=draft_id,
+            task_id=task_id,
+            workspace_id=task.workspace_id,
+            digest=digest,
+            rendered=draft.model_dump_json(),
+            created_at=clock.now(),
+        )
+    )
     # Each request is its own message (asking again for the same draft after changes were
     # requested is a new request); a retry of the same call finds the same key.
     key = f"approval|{task_id}|{len(task.approval_requests) + 1}|{draft_id}|{digest}|" + ",".join(
@@ -123,7 +140,7 @@ async def request_approval(
         to=to,
         cc=cc,
         subject=request_subject(task),
-        text=_request_text(task, draft, shown_to),
+        text=_request_text(task, draft, shown_to, _shown_flags(task)),
         html=_request_html(task, draft, shown_to),
     )
     mid = intent.internet_message_id
@@ -139,6 +156,7 @@ async def request_approval(
         approvers=to,
         sent_at=outcome.record.sent_at or now,
         recipients=clients,
+        shown_flags=_shown_flags(task),
     )
     store.amend_task(
         task_id,
@@ -184,17 +202,17 @@ async def reply_text(provider: MailProvider, body_ref: str) -> tuple[str, ...]:
     return texts
 
 
-async def _request_as_sent(provider: MailProvider, request: ApprovalRequest) -> str:
-    """The approval request's words as the provider stored them (text and HTML): quoted
-    history in a reply is compared with them. Empty when the copy cannot be read, so that
-    nothing quoted can be taken for the request."""
+def _request_as_sent(store: Store, task: Task, request: ApprovalRequest) -> str:
+    """The approval request's words as it was sent (its text and the visible text of its
+    HTML), built again from the draft it carried: quoted history in a reply is compared with
+    them. Empty when the draft is gone, so nothing quoted can be taken for the request."""
     try:
-        copy = await provider.read_back(request.internet_message_id)
-    except ProviderError:
+        _, draft = load_draft(store, task.task_id, request.draft_id)
+    except (RegistryError, GateRefused):
         return ""
-    if copy is None:
-        return ""
-    return copy.text + "\n" + (visible_text(copy.html) if copy.html else "")
+    to = ", ".join(request.recipients)
+    text = _request_text(task, draft, to, request.shown_flags)
+    return text + "\n" + visible_text(_request_html(task, draft, to))
 
 
 def _in_approval_thread(task: Task, envelope: Envelope) -> bool:
@@ -208,6 +226,7 @@ def _in_approval_thread(task: Task, envelope: Envelope) -> bool:
 
 
 async def judge_inbound(
+    store: Store,
     context: WorkspaceContext,
     task: Task,
     envelope: Envelope,
@@ -228,7 +247,7 @@ async def judge_inbound(
             return None
         request = task.approval_requests[-1]
     texts, risk = await reply_parts(provider, envelope.body_ref)
-    sent = await _request_as_sent(provider, request)
+    sent = _request_as_sent(store, task, request)
     asked = request_subject(task)
     verdicts = [
         judge_reply(

@@ -422,7 +422,7 @@ async def _handle(
     crashpoints.hit("after_claim_txn")
     task = claimed.task
     assert task is not None
-    approval = await approvals.judge_inbound(context, task, envelope, provider, clock)
+    approval = await approvals.judge_inbound(store, context, task, envelope, provider, clock)
     verdict = classify.triage(
         context, envelope, task, claimed.task_created, preflight_failure, clock.now(), approval
     )
