@@ -28,14 +28,14 @@ from agent.domain.envelope import Envelope
 from agent.domain.errors import GateRefused, InvalidRequest, RegistryError
 from agent.domain.gates import draft_digest, preflight
 from agent.domain.recipients import build_recipients
-from agent.domain.records import DraftRecord, TaskAmendment
+from agent.domain.records import TaskAmendment
 from agent.domain.states import TaskState
 from agent.domain.task import CommunicationState, Gate, NextAction, Task
 from agent.domain.untrusted import flag
 from agent.ports import Clock, MailProvider, Store
 from agent.rendering.render import RenderedMessage
 from agent.rendering.text import html_risk, visible_text
-from agent.services.drafts import load_draft
+from agent.services.drafts import keep_draft, load_draft
 from agent.services.gate_check import load_task
 from agent.services.outbound import SendStatus, outgoing, send_once, sent_ref
 from agent.services.workspaces import load_context
@@ -113,17 +113,7 @@ async def request_approval(
             + "); record one in the workspace context"
         )
     digest = draft_digest(draft.subject, draft.html, draft.text)
-    # The draft under approval is kept: a reply's quoted history is read against it.
-    store.save_draft(
-        DraftRecord(
-            draft_id=draft_id,
-            task_id=task_id,
-            workspace_id=task.workspace_id,
-            digest=digest,
-            rendered=draft.model_dump_json(),
-            created_at=clock.now(),
-        )
-    )
+    keep_draft(store, task, draft_id, draft, clock)  # a reply's quotes are read against it
     # Each request is its own message (asking again for the same draft after changes were
     # requested is a new request); a retry of the same call finds the same key.
     key = f"approval|{task_id}|{len(task.approval_requests) + 1}|{draft_id}|{digest}|" + ",".join(

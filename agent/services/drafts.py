@@ -16,6 +16,7 @@ from agent.domain.errors import GateRefused, InvalidRequest, RegistryError
 from agent.domain.gates import DraftFacts, draft_digest
 from agent.domain.records import DraftRecord
 from agent.domain.states import TERMINAL_STATES
+from agent.domain.task import Task
 from agent.domain.untrusted import seen_form, shown
 from agent.ports import Clock, MailProvider, Store
 from agent.rendering.render import RenderedMessage, render_message, reply_subject
@@ -55,17 +56,23 @@ def render_draft(
     )
     digest = draft_digest(rendered.subject, rendered.html, rendered.text)
     draft_id = "draft-" + hashlib.sha256(f"{task_id}|{digest}".encode()).hexdigest()[:20]
-    record = store.save_draft(
+    return keep_draft(store, task, draft_id, rendered, clock), rendered
+
+
+def keep_draft(
+    store: Store, task: Task, draft_id: str, rendered: RenderedMessage, clock: Clock
+) -> DraftRecord:
+    """Keep a rendered draft of the task under ``draft_id`` (the first one kept stays)."""
+    return store.save_draft(
         DraftRecord(
             draft_id=draft_id,
-            task_id=task_id,
+            task_id=task.task_id,
             workspace_id=task.workspace_id,
-            digest=digest,
+            digest=draft_digest(rendered.subject, rendered.html, rendered.text),
             rendered=rendered.model_dump_json(),
             created_at=clock.now(),
         )
     )
-    return record, rendered
 
 
 def load_draft(store: Store, task_id: str, draft_id: str) -> tuple[DraftRecord, RenderedMessage]:

@@ -257,6 +257,28 @@ async def approve_by_reply(
     return replies
 
 
+async def waiting_for_approval(
+    client: Client, body_markdown: str = "The quote is $1,200."
+) -> dict[str, Any]:
+    """The task the next intake creates, worked to a draft that waits for approval (the run
+    reconciled); request_approval's answer (with the task's and the draft's ids)."""
+    scanned, claims = await intake_and_claim(client)
+    task_id = next(c["task_id"] for c in claims if c["task_created"])
+    await to_draft_ready(client, task_id)
+    draft = await call(client, "render", task_id=task_id, body_markdown=body_markdown)
+    request = await call(client, "request_approval", task_id=task_id, draft_id=draft["draft_id"])
+    for reconciliation in await reconcile_all(client, scanned):
+        assert reconciliation["clean"], reconciliation
+    return request
+
+
+async def approved_draft(client: Client, station: OperatorStation) -> dict[str, Any]:
+    """``waiting_for_approval``, then approved by the approver's reply."""
+    request = await waiting_for_approval(client)
+    await approve_by_reply(station, client, [request])
+    return request
+
+
 # -- the Maildir outbox ------------------------------------------------------------------------
 
 

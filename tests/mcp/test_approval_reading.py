@@ -24,24 +24,10 @@ from tests.mcp.conftest import (
     refused,
     sent_messages,
     to_draft_ready,
+    waiting_for_approval,
 )
 
 pytestmark = pytest.mark.anyio
-
-
-async def waiting_for_approval(client: Client, station: OperatorStation) -> dict[str, Any]:
-    """A client request whose draft waits for approval; request_approval's answer."""
-    station.deliver(sender=CLIENT)
-    scanned, [claimed] = await intake_and_claim(client)
-    await to_draft_ready(client, claimed["task_id"])
-    draft = await call(
-        client, "render", task_id=claimed["task_id"], body_markdown="The quote is $1,200."
-    )
-    request = await call(
-        client, "request_approval", task_id=claimed["task_id"], draft_id=draft["draft_id"]
-    )
-    await call(client, "reconcile", run_id=scanned["run_id"])
-    return request
 
 
 def reply_with_parts(station: OperatorStation, request_id: str, *texts: str, subject: str) -> bytes:
@@ -82,8 +68,9 @@ SUBJECT = "Re: Approval needed: Quote request"
 async def test_a_withdrawal_in_a_second_inline_text_part_holds_the_approval(
     station: OperatorStation,
 ) -> None:
+    station.deliver(sender=CLIENT)
     async with station.client() as client:
-        request = await waiting_for_approval(client, station)
+        request = await waiting_for_approval(client)
         raw = reply_with_parts(
             station,
             request["request_message_id"],
@@ -119,8 +106,9 @@ async def test_the_host_is_shown_every_inline_text_part_of_a_message(
 async def test_a_retraction_below_a_signature_marker_holds_the_approval(
     station: OperatorStation, body: str
 ) -> None:
+    station.deliver(sender=CLIENT)
     async with station.client() as client:
-        request = await waiting_for_approval(client, station)
+        request = await waiting_for_approval(client)
         raw = reply_with_parts(station, request["request_message_id"], body, subject=SUBJECT)
         task = await judged(station, client, request, raw)
         await assert_not_approved(client, task, request["draft_id"])
@@ -130,8 +118,9 @@ async def test_a_signature_of_name_title_and_phone_under_the_marker_still_approv
     station: OperatorStation,
 ) -> None:
     body = "Approved.\n\n--\nNoa Bar\nHead of Client Services\nTel: +972-3-555-0100"
+    station.deliver(sender=CLIENT)
     async with station.client() as client:
-        request = await waiting_for_approval(client, station)
+        request = await waiting_for_approval(client)
         raw = reply_with_parts(station, request["request_message_id"], body, subject=SUBJECT)
         task = await judged(station, client, request, raw)
     assert task["state"] == "APPROVED_TO_SEND", task["approval_decisions"]
@@ -160,8 +149,9 @@ def outlook_reply(station: OperatorStation, note: str | None) -> str:
 async def test_a_note_written_into_the_quoted_request_holds_the_approval(
     station: OperatorStation,
 ) -> None:
+    station.deliver(sender=CLIENT)
     async with station.client() as client:
-        request = await waiting_for_approval(client, station)
+        request = await waiting_for_approval(client)
         body = outlook_reply(station, "[Noa] the price is wrong here, do not send")
         raw = reply_with_parts(station, request["request_message_id"], body, subject=SUBJECT)
         task = await judged(station, client, request, raw)
@@ -171,8 +161,9 @@ async def test_a_note_written_into_the_quoted_request_holds_the_approval(
 async def test_an_approval_above_the_unchanged_quoted_request_approves(
     station: OperatorStation,
 ) -> None:
+    station.deliver(sender=CLIENT)
     async with station.client() as client:
-        request = await waiting_for_approval(client, station)
+        request = await waiting_for_approval(client)
         body = outlook_reply(station, None)
         raw = reply_with_parts(station, request["request_message_id"], body, subject=SUBJECT)
         task = await judged(station, client, request, raw)
@@ -182,8 +173,9 @@ async def test_an_approval_above_the_unchanged_quoted_request_approves(
 async def test_the_reply_subject_is_read_and_a_do_not_send_there_holds_the_approval(
     station: OperatorStation,
 ) -> None:
+    station.deliver(sender=CLIENT)
     async with station.client() as client:
-        request = await waiting_for_approval(client, station)
+        request = await waiting_for_approval(client)
         raw = reply_with_parts(
             station,
             request["request_message_id"],
@@ -198,8 +190,9 @@ async def test_an_approval_stamped_in_the_same_second_as_the_request_counts(
     station: OperatorStation,
 ) -> None:
     station.clock.moment += timedelta(microseconds=600_000)  # the request goes out at .6 s
+    station.deliver(sender=CLIENT)
     async with station.client() as client:
-        request = await waiting_for_approval(client, station)
+        request = await waiting_for_approval(client)
         # Mail dates have whole seconds: this reply's Date is the request's own second.
         raw = reply_with_parts(station, request["request_message_id"], "Approved.", subject=SUBJECT)
         station.deliver_raw(raw)

@@ -12,11 +12,9 @@ from agent.testing import FrozenClock
 from tests.mcp.conftest import (
     CLIENT,
     OperatorStation,
-    approve_by_reply,
+    approved_draft,
     call,
-    intake_and_claim,
     refused,
-    to_draft_ready,
 )
 
 pytestmark = pytest.mark.anyio
@@ -29,16 +27,9 @@ async def test_a_client_reply_written_to_a_local_outbox_never_counts_as_sent(
     station.register()
     station.deliver(sender=CLIENT)
     async with station.client() as client:
-        scanned, [claimed] = await intake_and_claim(client)
-        task_id = claimed["task_id"]
-        await to_draft_ready(client, task_id)
-        draft = await call(client, "render", task_id=task_id, body_markdown="The quote: $1,200.")
-        request = await call(
-            client, "request_approval", task_id=task_id, draft_id=draft["draft_id"]
-        )
-        await call(client, "reconcile", run_id=scanned["run_id"])
-        await approve_by_reply(station, client, [request])
-        sent = await call(client, "send", task_id=task_id, draft_id=draft["draft_id"], to=[CLIENT])
+        approved = await approved_draft(client, station)
+        task_id, draft_id = approved["task_id"], approved["draft_id"]
+        sent = await call(client, "send", task_id=task_id, draft_id=draft_id, to=[CLIENT])
         read = await call(client, "read_back", send_id=sent["send_id"])
         task = await call(client, "get_task", task_id=task_id)
         closing = await refused(
@@ -59,16 +50,9 @@ async def test_a_delivered_client_reply_is_sent_only_after_its_stored_copy_is_re
 ) -> None:
     station.deliver(sender=CLIENT)
     async with station.client() as client:
-        scanned, [claimed] = await intake_and_claim(client)
-        task_id = claimed["task_id"]
-        await to_draft_ready(client, task_id)
-        draft = await call(client, "render", task_id=task_id, body_markdown="The quote: $1,200.")
-        request = await call(
-            client, "request_approval", task_id=task_id, draft_id=draft["draft_id"]
-        )
-        await call(client, "reconcile", run_id=scanned["run_id"])
-        await approve_by_reply(station, client, [request])
-        sent = await call(client, "send", task_id=task_id, draft_id=draft["draft_id"], to=[CLIENT])
+        approved = await approved_draft(client, station)
+        task_id, draft_id = approved["task_id"], approved["draft_id"]
+        sent = await call(client, "send", task_id=task_id, draft_id=draft_id, to=[CLIENT])
         handed_over = await call(client, "get_task", task_id=task_id)
         read = await call(client, "read_back", send_id=sent["send_id"])
         proven = await call(client, "get_task", task_id=task_id)

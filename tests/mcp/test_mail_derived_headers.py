@@ -21,12 +21,11 @@ from tests.mcp.conftest import (
     MAILBOX,
     STRANGER,
     OperatorStation,
-    approve_by_reply,
+    approved_draft,
     call,
     intake_and_claim,
     sent_raw,
     station_context,
-    to_draft_ready,
 )
 
 pytestmark = pytest.mark.anyio
@@ -73,14 +72,10 @@ def assert_only_planned_headers(raw: bytes) -> None:
 
 async def approved_send(client: Client, station: OperatorStation) -> dict[str, Any]:
     """The client's (crafted) request worked to an approved, sent reply."""
-    scanned, claims = await intake_and_claim(client)
-    task_id = next(c["task_id"] for c in claims if c["outcome"] == "CLAIMED")
-    await to_draft_ready(client, task_id)
-    draft = await call(client, "render", task_id=task_id, body_markdown="The quote is $1,200.")
-    request = await call(client, "request_approval", task_id=task_id, draft_id=draft["draft_id"])
-    await call(client, "reconcile", run_id=scanned["run_id"])
-    await approve_by_reply(station, client, [request])
-    return await call(client, "send", task_id=task_id, draft_id=draft["draft_id"], to=[CLIENT])
+    approved = await approved_draft(client, station)
+    return await call(
+        client, "send", task_id=approved["task_id"], draft_id=approved["draft_id"], to=[CLIENT]
+    )
 
 
 async def test_an_encoded_line_break_in_the_clients_message_id_adds_no_header_to_the_reply(

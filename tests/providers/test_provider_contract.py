@@ -10,6 +10,8 @@ from pathlib import Path
 import pytest
 
 from agent.domain.envelope import Address
+from agent.domain.errors import ProviderError
+from agent.domain.handover import check_handover
 from agent.domain.mail import OutgoingMessage, ProviderHealth, ScannedMessage
 from agent.ports import MailProvider
 from agent.providers.maildir import MaildirProvider
@@ -215,3 +217,33 @@ async def test_health_is_ok(adapter: tuple[MailProvider, Deliver]) -> None:
     assert health.provider == provider.provider
     assert health.mailbox_id == provider.mailbox_id
     assert health.detail
+
+
+@pytest.mark.anyio
+async def test_what_a_channel_prepares_is_exactly_the_plan_and_is_what_it_stores(
+    adapter: tuple[MailProvider, Deliver],
+) -> None:
+    provider, deliver = adapter
+    deliver(1, "Please help.")
+    outgoing = reply("thread-1")
+
+    handover = await provider.prepare(outgoing)
+    await provider.send(handover)
+    copy = await provider.read_back(outgoing.internet_message_id)
+
+    assert handover.message == outgoing
+    assert check_handover(handover) == ()
+    assert copy is not None
+    assert (copy.bcc, copy.reply_to, copy.other_address_headers) == ((), (), ())
+
+
+@pytest.mark.anyio
+async def test_a_message_that_cannot_be_written_as_planned_is_refused_by_prepare(
+    adapter: tuple[MailProvider, Deliver],
+) -> None:
+    provider, _ = adapter
+    # An address that is no plain addr-spec: nothing may be written for it.
+    odd = reply("thread-1").model_copy(update={"to": (Address(address="a@b>, m@evil.test"),)})
+
+    with pytest.raises(ProviderError):
+        await provider.prepare(odd)
