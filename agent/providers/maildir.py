@@ -18,6 +18,7 @@ from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import NamedTuple
+from urllib.parse import quote, unquote
 
 import anyio.to_thread
 
@@ -50,11 +51,27 @@ def _key_time(key: str) -> datetime:
         return datetime.fromtimestamp(0, UTC)
 
 
+_QUOTED = "maildir+q:"
+
+
 def _item_ref(key: str) -> str:
-    return f"maildir:{key}"
+    """``maildir:<key>``; a key that is not UTF-8 text (a file name of other bytes, read as
+    lone surrogates) or holds a ``%`` is percent-encoded, so every reference is plain text
+    that a store and a JSON answer can carry."""
+    try:
+        key.encode("utf-8")
+    except UnicodeEncodeError:
+        plain = False
+    else:
+        plain = "%" not in key
+    if plain:
+        return f"maildir:{key}"
+    return _QUOTED + quote(key, safe="", errors="surrogateescape")
 
 
 def _key_of(ref: str) -> str:
+    if ref.startswith(_QUOTED):
+        return unquote(ref.removeprefix(_QUOTED), errors="surrogateescape")
     if not ref.startswith("maildir:"):
         raise ProviderError(f"{ref!r} is not a Maildir message reference (maildir:<key>)")
     return ref.removeprefix("maildir:")
@@ -127,9 +144,9 @@ class MaildirProvider:
                     provider=PROVIDER,
                     mailbox_id=self._mailbox_id,
                     provider_message_id=ref,
-                    thread_id_for=lambda mid, irt, refs, raw=raw, key=key: threads.thread_of(
+                    thread_id_for=lambda mid, irt, refs, raw=raw, ref=ref: threads.thread_of(
                         _Facts(mid, irt, refs, rfc822.body_fingerprint(raw)),
-                        fallback=f"maildir:{key}",
+                        fallback=ref,
                     ),
                     fallback_received_at=_key_time(key),
                 )

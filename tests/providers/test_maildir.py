@@ -7,6 +7,7 @@ import email.policy
 import hashlib
 import itertools
 import mailbox
+import os
 from datetime import UTC, datetime
 from email.message import EmailMessage
 from pathlib import Path
@@ -194,6 +195,23 @@ async def test_scan_reads_messages_in_cur_as_well_as_new(
     assert [item.item_ref for item in items] == ["maildir:1790000000.seen.host"]
     assert items[0].envelope is not None
     assert items[0].envelope.internet_message_id == "<seen@contoso.test>"
+
+
+@pytest.mark.parametrize("name", [b"1790000000.\xff\xfe.host", b"1790000000.100%.host"])
+@pytest.mark.anyio
+async def test_a_file_name_that_is_not_plain_text_still_gives_a_text_reference_to_its_body(
+    provider: MaildirProvider, maildir_path: Path, name: bytes
+) -> None:
+    raw = build(mid="<odd-name@contoso.test>", text="Odd file name.").as_bytes()
+    (maildir_path / "new").joinpath(os.fsdecode(name)).write_bytes(raw)
+
+    [item] = await scan_all(provider)
+
+    assert item.envelope is not None
+    item.item_ref.encode("utf-8")  # a store and a JSON answer can carry it
+    assert "%" in item.item_ref.removeprefix("maildir")
+    body = await provider.fetch_body(item.envelope.body_ref)
+    assert body.text.strip() == "Odd file name."
 
 
 @pytest.mark.anyio
