@@ -189,11 +189,21 @@ def _folded(text: str) -> str:
     )
 
 
+_URL = re.compile(r"<?(?:https?://|mailto:|www\.)[^\s>]*>?", re.IGNORECASE)
+
+
+def _words(text: str) -> str:
+    """The words of ``text``, links and punctuation left out (a mail client quotes a link
+    as ``text<https://...>`` and bold as ``*text*``)."""
+    return " ".join(re.findall(r"\w+", _URL.sub(" ", _folded(text))))
+
+
 def notes_in_history(quoted: list[str], sent: str) -> list[str]:
-    """Lines of the quoted history that are not in what was sent: words the approver wrote
-    into the quoted original (an inline note), which count like any other."""
-    original = _folded(sent)
-    return [line for line in quoted if (folded := _folded(line)) and folded not in original]
+    """Lines of the quoted history whose words are not a run of words of what was sent:
+    words the approver wrote into the quoted original (an inline note), which count like
+    any other."""
+    original = f" {_words(sent)} "
+    return [line for line in quoted if (words := _words(line)) and f" {words} " not in original]
 
 
 def _same_name(line: str, names: tuple[str, ...]) -> bool:
@@ -207,20 +217,17 @@ _CONTACT = re.compile(
     r"|^\S+@\S+\.\S+$|^(?:https?://|www\.)\S+$",
     re.IGNORECASE,
 )
-_CONNECTORS = frozenset({"of", "and", "&", "the", "for", "at", "in", "to", "|", "-", "–", "—", "/"})
 _SEPARATOR = re.compile(r"^[\s\-_=*~.|•·]+$")
 
 
 def _signature_line(line: str, names: tuple[str, ...]) -> bool:
-    """A line a signature block is made of: the signer's name, contact data, a separator,
-    or a short title line (every word capitalized, e.g. "Head of Client Services")."""
+    """A line a signature block is made of: the signer's name, contact data (a phone, an
+    address, a URL) or a separator. Anything else - a title, a disclaimer, a word - is
+    read as the approver's own, and holds the approval for a person."""
     text = line.strip()
-    if not text or _SEPARATOR.match(text) or _CONTACT.match(text) or _same_name(text, names):
-        return True
-    words = text.replace(",", " ").split()
-    if len(words) > 6 or any(ch in text for ch in "?!:;\"'") or text.endswith("."):
-        return False
-    return all(w in _CONNECTORS or w[:1].isupper() or "@" in w or w[:1].isdigit() for w in words)
+    return (
+        not text or bool(_SEPARATOR.match(text) or _CONTACT.match(text)) or _same_name(text, names)
+    )
 
 
 def below_signature(body: str, signer_names: tuple[str, ...] = ()) -> list[str]:
@@ -366,7 +373,7 @@ def read_wording(
     put in the subject - and is checked for a change request, a condition, a negation, a
     hedge, a retraction or a suspicious character. Then the core text must consist of
     explicit approvals and courtesies only, and any line under a signature that is not a
-    signature (a name, contact data, a title) holds the approval for a person.
+    signature (the signer's name, contact data) holds the approval for a person.
 
     ``signer_names`` are the approver's recorded names (a closing name line is theirs).
     ``sent`` is the text of the request the reply answers, as it was sent: quoted history
@@ -376,14 +383,12 @@ def read_wording(
     """
     own, quoted = split_history(body)
     notes = notes_in_history(quoted, sent) if sent is not None else []
-    written = [*(subject_words.split("\n") if subject_words.strip() else []), *own, *notes]
-    full = _normalize("\n".join(written))
-    core = "\n".join(
-        [*([subject_words] if subject_words.strip() else []), new_text(body, signer_names), *notes]
-    ).strip()
+    subject = [subject_words] if subject_words.strip() else []
+    own_text = "\n".join([*subject, *own, *notes])
+    full = _normalize(own_text)
+    core = "\n".join([*subject, new_text(body, signer_names), *notes]).strip()
     text = _normalize(core)
     flat = " ".join(full.split())
-    own_text = "\n".join(written)
     if any(_CHANGES.search(line) for line in full.split("\n")) or _CHANGES.search(flat):
         return Wording(
             decision=Decision.CHANGES_REQUESTED,
@@ -528,9 +533,16 @@ def judge_reply(
     return decided(wording.decision, wording.reason)
 
 
+# Reply and forward prefixes mail clients write (and the tags a mail gateway puts in front,
+# such as "[EXT]").
 _REPLY_PREFIX = re.compile(
-    r"^\s*(?:(?:re|aw|sv|vs|antw|fwd?|wg|תגובה|השב|הועבר)\s*(?:\[\d+\])?\s*:\s*)+", re.IGNORECASE
+    r"^\s*(?:(?:\[[^\]]{1,20}\]|(?:re|aw|sv|vs|antw|rif|odp|ynt|réf|fwd?|wg|tr|回复|答复|回覆|"
+    r"转发|תגובה|השב|הועבר)\s*(?:\[\d+\])?\s*[:：])\s*)+",
+    re.IGNORECASE,
 )
+
+
+_PUNCTUATION = ".,;:!?-–—|()[]\"'"
 
 
 def subject_words(reply_subject: str, request_subject: str) -> str:
@@ -540,9 +552,6 @@ def subject_words(reply_subject: str, request_subject: str) -> str:
     asked = {w.strip(_PUNCTUATION) for w in _folded(request_subject).split()}
     words = _REPLY_PREFIX.sub("", _BIDI.sub("", reply_subject)).split()
     return " ".join(w for w in words if _folded(w).strip(_PUNCTUATION) not in asked)
-
-
-_PUNCTUATION = ".,;:!?-–—|()[]\"'"
 
 
 def standing_covers(context: WorkspaceContext, message_class: str | None) -> str | None:

@@ -14,6 +14,7 @@ import re
 from collections.abc import Iterable, Sequence
 from enum import StrEnum
 from pathlib import PurePosixPath
+from urllib.parse import unquote
 
 from pydantic import BaseModel, ConfigDict
 
@@ -32,8 +33,8 @@ from agent.domain.recipients import (
     build_recipients,
 )
 from agent.domain.states import TERMINAL_STATES, TaskState
-from agent.domain.task import Task
-from agent.domain.untrusted import reader_form
+from agent.domain.task import CommunicationState, Task
+from agent.domain.untrusted import reader_form, skeleton
 
 #: States in which a standing approval lets a client send go (the draft is ready).
 STANDING_STATES: frozenset[TaskState] = frozenset(
@@ -53,6 +54,7 @@ class Blocker(StrEnum):
     TASK_CLOSED = "task_closed"
     WRONG_WORKSPACE = "wrong_workspace"
     PREFLIGHT = "preflight"
+    REPLY_NOT_READ_BACK = "reply_not_read_back"
 
 
 class BlockingReason(BaseModel):
@@ -113,16 +115,37 @@ def foreign_markers(active: WorkspaceContext, others: Iterable[WorkspaceContext]
     return ForeignMarkers(addresses=frozenset(addresses), domains=frozenset(domains))
 
 
+_DOTS = str.maketrans(dict.fromkeys("\u3002\uff0e\uff61", "."))
+"""The full stops IDNA reads as a domain's dot (UTS #46)."""
+
+
+def _forms(text: str) -> tuple[str, str]:
+    """The text as a reader sees it (``reader_form``, percent-escapes decoded, IDNA dots
+    plain), and that again with lookalike letters folded together (``skeleton``)."""
+    seen = reader_form(unquote(text)).translate(_DOTS)
+    return seen, skeleton(seen)
+
+
+_ADDRESS = r"(?<![\w.+-]){}(?![\w-])"
+_DOMAIN = r"(?<![\w.-])(?:[\w-]+\.)*{}(?![\w-])"
+"""A foreign client's domain, or any subdomain of it."""
+
+
+def _named(marker: str, pattern: str, forms: tuple[str, str]) -> bool:
+    wanted = _forms(marker)
+    return any(
+        re.search(pattern.format(re.escape(m)), f) for m, f in zip(wanted, forms, strict=True)
+    )
+
+
 def foreign_content(text: str, markers: ForeignMarkers) -> tuple[str, ...]:
     """Other workspaces' client identifiers found in a draft (mixed-client isolation), read
-    as a reader sees the text (``reader_form``): an address split by an invisible character
-    is still that address, and a subdomain of a foreign client's domain is that client's."""
-    seen = reader_form(text)
-    found = {a for a in markers.addresses if reader_form(a) in seen}
-    for domain in markers.domains:
-        pattern = r"(?<![\w.-])(?:[\w-]+\.)*" + re.escape(reader_form(domain)) + r"(?![\w-])"
-        if re.search(pattern, seen):
-            found.add(domain)
+    as a reader sees the text: an address split by an invisible character, written in
+    fullwidth letters or with a Cyrillic lookalike letter is still that address, and a
+    subdomain of a foreign client's domain is that client's."""
+    forms = _forms(text)
+    found = {a for a in markers.addresses if _named(a, _ADDRESS, forms)}
+    found |= {d for d in markers.domains if _named(d, _DOMAIN, forms)}
     return tuple(sorted(found))
 
 
@@ -252,6 +275,15 @@ def evaluate_send(
     communication = plan.communication
     basis: str | None = None
     if communication is Communication.CLIENT_FACING:
+        if task.communication_state is CommunicationState.CLIENT_REPLY_HANDED_OVER:
+            reasons.append(
+                BlockingReason(
+                    blocker=Blocker.REPLY_NOT_READ_BACK,
+                    detail="a client reply of this task went out and is not read back yet; "
+                    "read_back its send before anything else goes to the client",
+                    owner=owner,
+                )
+            )
         if context.client_send_policy is ClientSendPolicy.SENDS_DISABLED:
             reasons.append(
                 BlockingReason(

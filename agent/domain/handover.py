@@ -104,6 +104,8 @@ def _header_lines(head: bytes) -> list[str]:
         problems.append("the header block holds a bare CR")
     if any(byte > 0x7E for byte in head):
         problems.append("the header block holds bytes outside ASCII (values must be encoded)")
+    if re.search(rb"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]", head):
+        problems.append("the header block holds a control character")
     for line in re.split(rb"\r?\n", head):
         if len(line) > MAX_LINE:
             problems.append(f"a header line is {len(line)} characters long (at most {MAX_LINE})")
@@ -145,9 +147,10 @@ def _check_values(message: OutgoingMessage, parsed: Message) -> list[str]:
     for name in sorted({n.lower() for n in parsed} & ADDRESS_HEADERS):
         values = [str(v) for v in parsed.get_all(name) or []]
         found = [address for _, address in email.utils.getaddresses(values)]
+        written = _written_addresses(_raw(parsed, name) or "")
         wanted = planned.get(name, ())
-        if not _same(found, wanted):
-            problems.append(f"header {name} names {found}, not the plan {list(wanted)}")
+        if not _same(found, wanted) or not _same(written, wanted):
+            problems.append(f"header {name} names {written}, not the plan {list(wanted)}")
     ids = {
         "message-id": (message.internet_message_id,),
         "in-reply-to": (message.in_reply_to,) if message.in_reply_to else (),
@@ -161,6 +164,16 @@ def _check_values(message: OutgoingMessage, parsed: Message) -> list[str]:
     if subject is not None and str(subject) != message.subject:
         problems.append("the subject does not read back as planned")
     return problems
+
+
+_QUOTED_STRING = re.compile(r'"(?:[^"\\]|\\.)*"')
+_ADDRESS_TOKEN = re.compile(r'[^\s<>(),;:"]+@[^\s<>(),;:"]+')
+
+
+def _written_addresses(raw: str) -> list[str]:
+    """Every address a header value writes, wherever it stands (in angle brackets, after
+    them, in a comment): what a lenient reader could take for a recipient."""
+    return _ADDRESS_TOKEN.findall(_QUOTED_STRING.sub(" ", raw))
 
 
 def _raw(parsed: Message, name: str) -> str | None:

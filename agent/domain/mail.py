@@ -35,8 +35,9 @@ class OutgoingMessage(BaseModel):
     @field_validator("subject")
     @classmethod
     def _one_line(cls, value: str) -> str:
-        # A line break in a header would start another header: never sent as such.
-        return header_text(value)
+        # A line break in a header would start another header: never sent as such; the
+        # ends are trimmed as a mail reader trims them.
+        return header_text(value).strip()
 
     @field_validator("internet_message_id", "in_reply_to")
     @classmethod

@@ -94,6 +94,8 @@ class CommunicationState(StrEnum):
     INTERNAL_UPDATE_SENT = "internal_update_sent"
     ACK_SENT = "ack_sent"
     DRAFT_AWAITING_APPROVAL = "draft_awaiting_approval"
+    CLIENT_REPLY_HANDED_OVER = "client_reply_handed_over"
+    """A client reply went to the channel; it counts as sent once its copy is read back."""
     CLIENT_REPLY_SENT = "client_reply_sent"
     AWAITING_CLIENT = "awaiting_client"
 

@@ -142,11 +142,6 @@ def parse(raw: bytes) -> Parsed:
     return parsed
 
 
-def message_ids(value: str | None) -> tuple[str, ...]:
-    """The msg-ids a header value lists (only those in RFC 5322 msg-id form)."""
-    return msg_ids(value)
-
-
 def header_ids(parsed: Parsed, name: str) -> tuple[str, ...]:
     """The msg-ids of a header, read from its raw value: an encoded word or whitespace
     inside an identifier leaves it out (noted), never decoded into one."""
@@ -368,7 +363,7 @@ def _delivery_report(message: Message) -> tuple[str | None, str | None, bool]:
             continue
         if headers is not None and reported is None:
             try:
-                ids = message_ids(str(headers.get("Message-ID") or ""))
+                ids = msg_ids(str(headers.get("Message-ID") or ""))
             except Exception:  # the returned original's header is beyond repair
                 ids = ()
             reported = ids[0] if ids else None
@@ -423,16 +418,6 @@ def _part_text(part: Message) -> str:
     return raw if isinstance(raw, str) else ""
 
 
-def addresses(parsed: Parsed, name: str) -> tuple[Address, ...]:
-    """Every mailbox a header names, as a reader's mail program reads them."""
-    values = parsed.all_headers(name)
-    return tuple(
-        Address(address=addr, name=display)
-        for display, addr in email.utils.getaddresses(values)
-        if "@" in addr
-    )
-
-
 def stored_copy(
     raw: bytes, *, provider_message_id: str, provider_thread_id: str, delivered: bool
 ) -> StoredCopy:
@@ -440,21 +425,22 @@ def stored_copy(
     parsed = parse(raw)
     content = body(raw)
     ids = header_ids(parsed, "Message-ID")
-    senders = addresses(parsed, "From")
+    senders = _addresses(parsed, "From")
     named = {"from", "to", "cc", "bcc", "reply-to"}
     return StoredCopy(
         provider_message_id=provider_message_id,
         provider_thread_id=provider_thread_id,
         internet_message_id=ids[0] if ids else None,
         sender=senders[0] if senders else None,
-        to=addresses(parsed, "To"),
-        cc=addresses(parsed, "Cc"),
-        bcc=addresses(parsed, "Bcc"),
-        reply_to=addresses(parsed, "Reply-To"),
+        to=_addresses(parsed, "To"),
+        cc=_addresses(parsed, "Cc"),
+        bcc=_addresses(parsed, "Bcc"),
+        reply_to=_addresses(parsed, "Reply-To"),
         other_address_headers=tuple(
             (key, " ".join(str(value).split()))
             for key, value in parsed.message.raw_items()
             if key.lower() in ADDRESS_HEADERS - named
+            or (key.lower() == "from" and len(senders) != 1)  # more senders than ours
         ),
         subject=parsed.header("Subject") or "",
         text=content.text,

@@ -17,6 +17,7 @@ from markupsafe import Markup as SafeHtml
 from pydantic import BaseModel, ConfigDict, Field
 
 from agent.domain.context import WorkspaceContext
+from agent.domain.envelope import header_text
 from agent.rendering.bidi import (
     Direction,
     isolate_plain,
@@ -84,11 +85,13 @@ def detect_language(draft: str, fallback: str) -> str:
 
 
 def reply_subject(original: str, *, add_prefix: bool = True) -> str:
-    """The reply's subject: the original, character for character, with ``Re: `` in front
-    only when the thread needs one and it has no reply prefix yet."""
-    if not add_prefix or REPLY_PREFIX.match(original):
-        return original
-    return f"Re: {original}"
+    """The reply's subject: the original as a header carries it (on one line, control
+    characters as spaces, its ends trimmed), with ``Re: `` in front only when the thread needs
+    one and it has no reply prefix yet."""
+    subject = header_text(original).strip()
+    if not add_prefix or REPLY_PREFIX.match(subject):
+        return subject
+    return f"Re: {subject}"
 
 
 def render_message(

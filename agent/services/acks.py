@@ -14,7 +14,7 @@ from agent.domain.automation import AckPlan, SendKind, ack_for
 from agent.domain.context import WorkspaceContext
 from agent.domain.dispositions import Disposition
 from agent.domain.envelope import Envelope
-from agent.domain.errors import ProviderError
+from agent.domain.errors import HandoverRefused, ProviderError
 from agent.domain.headers import msg_id, references_for
 from agent.domain.mail import OutgoingMessage
 from agent.domain.records import SendIntent
@@ -100,7 +100,7 @@ async def acknowledge(
             clock,
             cap=context.automation.max_per_recipient_per_day,
         )
-    except ProviderError as exc:
+    except (ProviderError, HandoverRefused) as exc:
         return replace(verdict, detail=_join(verdict.detail, f"acknowledgement failed: {exc}"))
     if outcome.status is SendStatus.REFUSED:
         return replace(

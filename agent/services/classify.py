@@ -16,6 +16,7 @@ from datetime import datetime
 
 from agent.domain import gates
 from agent.domain.approval import ApprovalDecision, Decision
+from agent.domain.automation import SendKind
 from agent.domain.context import WorkspaceContext
 from agent.domain.dispositions import (
     DISPOSITION_FOR_STATE,
@@ -222,15 +223,9 @@ def triage(
         )
         disposition = Disposition.ESCALATED
     if preflight_failure is not None:
-        gates.append(
-            Gate(
-                kind=GateKind.PREFLIGHT, owner=escalation_owner, since=now, reason=preflight_failure
-            )
-        )
+        gate, next_action = _preflight_hold(preflight_failure, escalation_owner, now)
+        gates.append(gate)
         disposition = Disposition.ESCALATED
-        next_action = NextAction(
-            description=f"restore the licence/grant ({preflight_failure})", owner=escalation_owner
-        )
     elif task_created and context.work_owner() is None:
         gates.append(
             Gate(
@@ -287,26 +282,23 @@ def triage(
     )
 
 
+def _preflight_hold(failure: str, owner: str, now: datetime) -> tuple[Gate, NextAction]:
+    """The gate and next action a failed licence/grant preflight puts on an item."""
+    gate = Gate(kind=GateKind.PREFLIGHT, owner=owner, since=now, reason=failure)
+    return gate, NextAction(description=f"restore the licence/grant ({failure})", owner=owner)
+
+
 def _held_by_preflight(verdict: Triage, failure: str | None, owner: str, now: datetime) -> Triage:
     """A verdict with the failed licence/grant preflight gating it: every item that is not
     automated noise is escalated while the preflight fails, whatever else it is."""
     if failure is None:
         return verdict
-    gate = Gate(kind=GateKind.PREFLIGHT, owner=owner, since=now, reason=failure)
+    gate, action = _preflight_hold(failure, owner, now)
     update = verdict.update.model_copy(
-        update={
-            "add_gates": (*verdict.update.add_gates, gate),
-            "next_action": NextAction(
-                description=f"restore the licence/grant ({failure})", owner=owner
-            ),
-        }
+        update={"add_gates": (*verdict.update.add_gates, gate), "next_action": action}
     )
-    return replace(
-        verdict,
-        disposition=Disposition.ESCALATED,
-        update=update,
-        detail=f"{verdict.detail}; {failure}",
-    )
+    detail = f"{verdict.detail}; {failure}"
+    return replace(verdict, disposition=Disposition.ESCALATED, update=update, detail=detail)
 
 
 def _approval_reply(
@@ -349,10 +341,14 @@ def _approval_reply(
     )
 
 
+_REPLIES = frozenset({SendKind.CLIENT_REPLY.value, SendKind.INTERNAL_REPLY.value})
+"""The directions of the sent messages that answer a thread (an acknowledgement does not)."""
+
+
 def _answered_after(task: Task, envelope: Envelope) -> bool:
     """The thread has a reply the workspace sent after this message was received."""
     return any(
-        m.direction == "reply" and m.received_at > envelope.received_at for m in task.messages
+        m.direction in _REPLIES and m.received_at > envelope.received_at for m in task.messages
     )
 
 

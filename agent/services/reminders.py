@@ -12,7 +12,7 @@ from collections.abc import Mapping
 
 from agent.domain.automation import ReminderPlan, ReminderSkip, SendKind, reminder_for
 from agent.domain.context import WorkspaceContext
-from agent.domain.errors import ProviderError
+from agent.domain.errors import HandoverRefused, ProviderError
 from agent.domain.records import TaskAmendment
 from agent.ports import Clock, MailProvider, Store
 from agent.services.outbound import SendStatus, outgoing, send_once, sent_ref
@@ -76,6 +76,8 @@ async def _send(
     except ProviderError as exc:
         store.record_health(f"reminder {task.task_id}", f"send failed: {exc}", clock.now())
         return f"send failed ({exc}); retried next run"
+    except HandoverRefused as exc:  # the task records why; a person looks
+        return f"refused before handover: {'; '.join(exc.problems)}"
     if outcome.status in {SendStatus.SENT, SendStatus.RECOVERED}:
         store.amend_task(
             task.task_id,

@@ -163,12 +163,11 @@ async def send_reply(
         amendment = amendment.model_copy(
             update={
                 "expect_states": (TaskState.APPROVED_TO_SEND,),
+                "communication_state": CommunicationState.CLIENT_REPLY_HANDED_OVER,
                 "sent_message_id": mid,
                 "recipients": (*to_addrs, *cc_addrs),
                 "next_action": NextAction(
-                    description=f"read back send {key}: the reply counts as sent once the "
-                    "provider's stored copy is verified",
-                    owner=task.next_action.owner,
+                    description=_after_handover(key, outcome), owner=task.next_action.owner
                 ),
             }
         )
@@ -180,6 +179,15 @@ async def send_reply(
         amendment = amendment.model_copy(update=update)
     task = store.amend_task(task_id, amendment, now)
     return ReplyOutcome(gate=gate, outcome=outcome, task=task)
+
+
+def _after_handover(key: str, outcome: SendOutcome) -> str:
+    if outcome.result is not None and not outcome.result.delivered:
+        return (
+            f"deliver send {key} by hand: {outcome.result.channel} keeps a local copy that "
+            "reached no one"
+        )
+    return f"read back send {key}: the reply counts as sent once its stored copy is verified"
 
 
 def _delivery_note(outcome: SendOutcome) -> str:
@@ -267,5 +275,8 @@ def _read_back_amendment(
             "state": TaskState.CLIENT_REPLY_SENT,
             "remove_gate_kinds": (GateKind.INTERNAL_APPROVAL,),
             "communication_state": CommunicationState.CLIENT_REPLY_SENT,
+            # From the ledger: the send's own record, even if its task update was lost.
+            "sent_message_id": record.internet_message_id,
+            "recipients": record.recipients,
         }
     )

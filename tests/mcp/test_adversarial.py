@@ -973,10 +973,12 @@ async def test_an_approved_draft_naming_another_workspaces_client_is_refused(
         "As with sam.jones@tails\u200dpin.test last week, the price is 120 USD.",  # ZW joiner
         "As with ｓａｍ.ｊｏｎｅｓ@ｔａｉｌｓｐｉｎ.ｔｅｓｔ last week, the price is 120 USD.",
         "As with the team at eu.tailspin.test last week, the price is 120 USD.",  # subdomain
+        "As with sam.jones@tail\u0455pin.test last week, the price is 120 USD.",  # Cyrillic
+        "As with sam.jones@tailspin\u3002test last week, the price is 120 USD.",  # IDNA dot
         "Prices as [agreed](https://portal.tail\u00adspin.test/q4) last week: 120 USD.",  # link
     ],
     ids=["soft-hyphen", "zero-width-space", "zero-width-joiner", "fullwidth", "subdomain",
-         "link-target"],
+         "cyrillic-letter", "ideographic-full-stop", "link-target"],
 )  # fmt: skip
 async def test_another_workspaces_client_hidden_from_plain_matching_is_still_refused(
     station: OperatorStation, body: str

@@ -101,6 +101,8 @@ async def test_the_host_is_shown_every_inline_text_part_of_a_message(
         "Approved.\n\n--\nNoa Bar\nOn second thought, let me check with finance first",
         "Approved.\n\nSent from my iPhone\nActually belay that, the numbers are off",
         "Approved.\n-- \nNoa\nP.S. give me an hour to look again",
+        "Approved.\n-- \nNoa Bar\nRevoked",
+        "Approved.\n-- \nNoa Bar\nBelay That",
     ],
 )
 async def test_a_retraction_below_a_signature_marker_holds_the_approval(
@@ -114,10 +116,10 @@ async def test_a_retraction_below_a_signature_marker_holds_the_approval(
         await assert_not_approved(client, task, request["draft_id"])
 
 
-async def test_a_signature_of_name_title_and_phone_under_the_marker_still_approves(
+async def test_a_signature_of_name_phone_and_address_under_the_marker_still_approves(
     station: OperatorStation,
 ) -> None:
-    body = "Approved.\n\n--\nNoa Bar\nHead of Client Services\nTel: +972-3-555-0100"
+    body = "Approved.\n\n--\nNoa Bar\nTel: +972-3-555-0100\nnoa.bar@fabrikam.test"
     station.deliver(sender=CLIENT)
     async with station.client() as client:
         request = await waiting_for_approval(client)

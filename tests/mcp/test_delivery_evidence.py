@@ -15,7 +15,10 @@ from tests.mcp.conftest import (
     approved_draft,
     call,
     refused,
+    sent_messages,
+    to_draft_ready,
 )
+from tests.mcp.test_tools import classify, new_task, standing_station
 
 pytestmark = pytest.mark.anyio
 
@@ -61,3 +64,29 @@ async def test_a_delivered_client_reply_is_sent_only_after_its_stored_copy_is_re
     assert read["ok"] is True
     assert proven["state"] == "CLIENT_REPLY_SENT"
     assert proven["communication_state"] == "client_reply_sent"
+
+
+async def test_no_second_client_reply_goes_out_before_the_first_is_read_back(
+    tmp_path: Path,
+) -> None:
+    station = standing_station(tmp_path)
+    async with station.client() as client:
+        _, task_id = await new_task(client, station, sender=CLIENT)
+        await to_draft_ready(client, task_id)
+        first = await call(client, "render", task_id=task_id, body_markdown="We got it.")
+        classify(station, task_id, "receipt-confirmation")
+        await call(
+            client, "record_approval", task_id=task_id, standing_class="receipt-confirmation"
+        )
+        sent = await call(client, "send", task_id=task_id, draft_id=first["draft_id"], to=[CLIENT])
+        second = await call(client, "render", task_id=task_id, body_markdown="One more thing.")
+        held = await refused(
+            client, "send", task_id=task_id, draft_id=second["draft_id"], to=[CLIENT]
+        )
+        await call(client, "read_back", send_id=sent["send_id"])
+        task = await call(client, "get_task", task_id=task_id)
+    assert held.data is not None and "reply_not_read_back" in {
+        r["blocker"] for r in held.data["reasons"]
+    }
+    assert task["state"] == "CLIENT_REPLY_SENT"
+    assert len([m for m in sent_messages(station.maildir) if CLIENT in str(m["To"])]) == 1

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from agent.domain.automation import AckPlan
@@ -25,6 +25,7 @@ from agent.domain.headers import references_for
 from agent.domain.mail import Handover, OutgoingMessage
 from agent.domain.untrusted import flag
 from agent.providers import mime, rfc822
+from agent.rendering.render import reply_subject
 from agent.services import acks, outbound
 from agent.testing import InMemoryProvider
 from tests.conftest import context_yaml
@@ -66,6 +67,9 @@ def test_the_built_message_is_exactly_the_plan() -> None:
     assert check_handover(Handover(message=message, channel="t", mime=built(message))) == ()
 
 
+_TO = b"To: " + CLIENT.encode()
+
+
 def _insert(raw: bytes, line: bytes) -> bytes:
     return raw.replace(b"\r\nSubject:", b"\r\n" + line + b"\r\nSubject:", 1)
 
@@ -82,6 +86,9 @@ def _insert(raw: bytes, line: bytes) -> bytes:
         (lambda raw: _insert(raw, b"not a header line"), "not a header field"),
         (lambda raw: _insert(raw, b"X-Note: a\rBcc: m@evil.test"), "bare cr"),
         (lambda raw: raw.replace(b"<root@contoso.test>", b"<other@contoso.test>"), "references"),
+        (lambda raw: raw.replace(_TO, _TO + b" (mallory@evil.test)", 1), "header to"),
+        (lambda raw: raw.replace(_TO, b"To: <" + CLIENT.encode() + b">mallory@evil.test", 1), "to"),
+        (lambda raw: raw.replace(_TO, _TO + b"\x0c", 1), "control character"),
         (
             lambda raw: _insert(raw, b"Comments: =?utf-8?q?a=0D=0ABcc=3A_m=40evil.test?="),
             "line break",
@@ -212,7 +219,7 @@ def _every_kind(envelope_raw: bytes) -> list[OutgoingMessage]:
         task_id="task-1",
         mailbox_id=MAILBOX,
         to=(CLIENT,),
-        subject="Re: " + envelope.subject,
+        subject=reply_subject(envelope.subject),
         text="answer",
         in_reply_to=envelope.internet_message_id,
         references=references_for(
@@ -224,6 +231,8 @@ def _every_kind(envelope_raw: bytes) -> list[OutgoingMessage]:
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@example(subject=" Re: price", ids="", name="")  # a subject that starts with a space
+@example(subject="\u2028Re:\x0b price\x00", ids="a\r\nb", name="\x85")
 @given(subject=st.tuples(_MAIL_TEXT, _LONG).map("".join), ids=_MAIL_TEXT, name=_MAIL_TEXT)
 def test_no_outgoing_message_carries_a_header_or_recipient_copied_from_mail(
     subject: str, ids: str, name: str

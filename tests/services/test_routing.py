@@ -236,7 +236,7 @@ async def test_row_a_message_older_than_the_threads_sent_reply_is_already_answer
             sent_message=MessageRef(
                 provider_message_id="sent-1",
                 internet_message_id="<sent-1@fabrikam.test>",
-                direction="reply",
+                direction="client_reply",
                 received_at=world.clock.now(),
                 sender=MAILBOX,
             ),
