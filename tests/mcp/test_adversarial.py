@@ -568,7 +568,8 @@ async def test_an_approved_draft_goes_out_once_and_a_second_send_is_refused(
         refusal = await refused(
             client, "send", task_id=task_id, draft_id=other["draft_id"], to=[CLIENT]
         )
-        assert blockers(refusal) == {"approval_missing"}
+        # ...and nothing more goes to the client before the first reply is read back.
+        assert blockers(refusal) == {"approval_missing", "reply_not_read_back"}
         assert await snapshot(station, client, task_id) == before
         assert len(client_copies(station)) == 1
 
