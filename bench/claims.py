@@ -271,6 +271,7 @@ def _spawn(role: str, count: int, extra: list[str], url: str | None) -> list[dic
         )
         for i in range(count)
     ]
+    results: list[dict[str, Any]] = []
     try:
         for proc in procs:
             assert proc.stdout is not None
@@ -280,7 +281,6 @@ def _spawn(role: str, count: int, extra: list[str], url: str | None) -> list[dic
             assert proc.stdin is not None
             proc.stdin.write("go\n")
             proc.stdin.flush()
-        results: list[dict[str, Any]] = []
         for proc in procs:
             assert proc.stdout is not None
             line = proc.stdout.readline()
@@ -289,6 +289,8 @@ def _spawn(role: str, count: int, extra: list[str], url: str | None) -> list[dic
             results.append(json.loads(line))
     finally:
         for proc in procs:
+            if len(results) < count:
+                proc.kill()  # interrupted (a failure, a timeout): no worker may outlive it
             if proc.stdin is not None:
                 proc.stdin.close()  # releases a worker waiting for the others
         for proc in procs:
