@@ -65,21 +65,28 @@ async def assert_not_approved(client: Client, task: dict[str, Any], draft_id: st
 SUBJECT = "Re: Approval needed: Quote request"
 
 
-async def test_a_withdrawal_in_a_second_inline_text_part_holds_the_approval(
-    station: OperatorStation,
-) -> None:
+async def answer_request(
+    station: OperatorStation, *texts: str, subject: str = SUBJECT, held: bool
+) -> dict[str, Any]:
+    """A client request waits for approval and the approver answers it with ``texts`` (one
+    inline part each); the task after intake judged the answer, checked to be held (no send
+    goes) or not."""
     station.deliver(sender=CLIENT)
     async with station.client() as client:
         request = await waiting_for_approval(client)
-        raw = reply_with_parts(
-            station,
-            request["request_message_id"],
-            "Approved.",
-            "Scratch that - hold it until finance signs off.",
-            subject=SUBJECT,
-        )
+        raw = reply_with_parts(station, request["request_message_id"], *texts, subject=subject)
         task = await judged(station, client, request, raw)
-        await assert_not_approved(client, task, request["draft_id"])
+        if held:
+            await assert_not_approved(client, task, request["draft_id"])
+    return task
+
+
+async def test_a_withdrawal_in_a_second_inline_text_part_holds_the_approval(
+    station: OperatorStation,
+) -> None:
+    await answer_request(
+        station, "Approved.", "Scratch that - hold it until finance signs off.", held=True
+    )
 
 
 async def test_the_host_is_shown_every_inline_text_part_of_a_message(
@@ -108,23 +115,14 @@ async def test_the_host_is_shown_every_inline_text_part_of_a_message(
 async def test_a_retraction_below_a_signature_marker_holds_the_approval(
     station: OperatorStation, body: str
 ) -> None:
-    station.deliver(sender=CLIENT)
-    async with station.client() as client:
-        request = await waiting_for_approval(client)
-        raw = reply_with_parts(station, request["request_message_id"], body, subject=SUBJECT)
-        task = await judged(station, client, request, raw)
-        await assert_not_approved(client, task, request["draft_id"])
+    await answer_request(station, body, held=True)
 
 
 async def test_a_signature_of_name_phone_and_address_under_the_marker_still_approves(
     station: OperatorStation,
 ) -> None:
     body = "Approved.\n\n--\nNoa Bar\nTel: +972-3-555-0100\nnoa.bar@fabrikam.test"
-    station.deliver(sender=CLIENT)
-    async with station.client() as client:
-        request = await waiting_for_approval(client)
-        raw = reply_with_parts(station, request["request_message_id"], body, subject=SUBJECT)
-        task = await judged(station, client, request, raw)
+    task = await answer_request(station, body, held=False)
     assert task["state"] == "APPROVED_TO_SEND", task["approval_decisions"]
 
 
@@ -175,17 +173,7 @@ async def test_an_approval_above_the_unchanged_quoted_request_approves(
 async def test_the_reply_subject_is_read_and_a_do_not_send_there_holds_the_approval(
     station: OperatorStation,
 ) -> None:
-    station.deliver(sender=CLIENT)
-    async with station.client() as client:
-        request = await waiting_for_approval(client)
-        raw = reply_with_parts(
-            station,
-            request["request_message_id"],
-            "Approved.",
-            subject="DO NOT SEND - wrong price",
-        )
-        task = await judged(station, client, request, raw)
-        await assert_not_approved(client, task, request["draft_id"])
+    await answer_request(station, "Approved.", subject="DO NOT SEND - wrong price", held=True)
 
 
 async def test_an_approval_stamped_in_the_same_second_as_the_request_counts(
