@@ -1,0 +1,115 @@
+"""Registered workspaces and the mailboxes they bind (the Registry role)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import UTC, datetime
+
+from agent.domain.errors import RegistryError
+from agent.domain.records import (
+    Binding,
+    WorkspaceRow,
+)
+from agent.storage.sql.core import Row, SqlBase, Tx, Verified, dt, ts
+
+
+class RegistryRows(SqlBase):
+    def register_workspace(self, row: WorkspaceRow, bindings: Sequence[Binding]) -> None:
+        def body(conn: Tx) -> None:
+            inserted = conn.execute(
+                "INSERT INTO workspaces (workspace_id, label, context_path, context_sha256,"
+                " registered_at, updated_at, context_text) VALUES (?, ?, ?, ?, ?, ?, ?)"
+                " ON CONFLICT (workspace_id) DO NOTHING RETURNING workspace_id",
+                (
+                    row.workspace_id,
+                    row.label,
+                    row.context_path,
+                    row.context_sha256,
+                    ts(row.registered_at),
+                    ts(row.updated_at),
+                    row.context_text,
+                ),
+            ).fetchone()
+            if inserted is None:
+                raise RegistryError(
+                    f"workspace {row.workspace_id} is already registered; use "
+                    "'outloop workspace update' to replace its context"
+                )
+            self._write_bindings(conn, row.workspace_id, bindings)
+
+        def verify(conn: Tx) -> Verified[None]:
+            found = conn.execute(
+                "SELECT 1 FROM workspaces WHERE workspace_id = ? AND context_sha256 = ?"
+                " AND registered_at = ?",
+                (row.workspace_id, row.context_sha256, ts(row.registered_at)),
+            ).fetchone()
+            return (None,) if found is not None else None
+
+        self._write(body, verify)
+
+    def update_workspace(self, row: WorkspaceRow, bindings: Sequence[Binding]) -> None:
+        def body(conn: Tx) -> None:
+            updated = conn.execute(
+                "UPDATE workspaces SET label = ?, context_path = ?, context_sha256 = ?,"
+                " updated_at = ?, context_text = ? WHERE workspace_id = ? RETURNING workspace_id",
+                (
+                    row.label,
+                    row.context_path,
+                    row.context_sha256,
+                    ts(row.updated_at),
+                    row.context_text,
+                    row.workspace_id,
+                ),
+            ).fetchone()
+            if updated is None:
+                raise RegistryError(
+                    f"workspace {row.workspace_id} is not registered; use 'outloop workspace "
+                    "add' first"
+                )
+            conn.execute("DELETE FROM mailbox_bindings WHERE workspace_id = ?", (row.workspace_id,))
+            self._write_bindings(conn, row.workspace_id, bindings)
+
+        self._write(body, None)  # running it again writes the same rows
+
+    @staticmethod
+    def _write_bindings(conn: Tx, workspace_id: str, bindings: Sequence[Binding]) -> None:
+        conn.executemany(
+            "INSERT INTO mailbox_bindings (provider, mailbox_id, workspace_id, shared)"
+            " VALUES (?, ?, ?, ?)",
+            [(b.provider, b.mailbox_id, workspace_id, int(b.shared)) for b in bindings],
+        )
+
+    @staticmethod
+    def _workspace(row: Row) -> WorkspaceRow:
+        return WorkspaceRow(
+            workspace_id=row["workspace_id"],
+            label=row["label"],
+            context_path=row["context_path"],
+            context_sha256=row["context_sha256"],
+            registered_at=dt(row["registered_at"]) or datetime.now(UTC),
+            updated_at=dt(row["updated_at"]) or datetime.now(UTC),
+            context_text=row["context_text"],
+        )
+
+    def get_workspace(self, workspace_id: str) -> WorkspaceRow | None:
+        rows = self._read("SELECT * FROM workspaces WHERE workspace_id = ?", (workspace_id,))
+        return self._workspace(rows[0]) if rows else None
+
+    def list_workspaces(self) -> list[WorkspaceRow]:
+        return [self._workspace(r) for r in self._read("SELECT * FROM workspaces ORDER BY 1")]
+
+    def bindings_for_mailbox(self, provider: str, mailbox_id: str) -> list[Binding]:
+        rows = self._read(
+            "SELECT * FROM mailbox_bindings WHERE provider = ? AND mailbox_id = ?"
+            " ORDER BY workspace_id",
+            (provider, mailbox_id.lower()),
+        )
+        return [
+            Binding(
+                workspace_id=r["workspace_id"],
+                provider=r["provider"],
+                mailbox_id=r["mailbox_id"],
+                shared=bool(r["shared"]),
+            )
+            for r in rows
+        ]
