@@ -1,7 +1,15 @@
-"""The ports the core depends on. Adapters implement them; agent/testing.py ships fakes.
+"""The ports the core depends on. Adapters implement them; agent/testing ships the fakes
+and the contract suites every adapter runs.
 
-MailProvider is async (every real provider is network or file I/O); Store is synchronous
-(short transactions on an embedded or pooled database).
+- ``Clock``: the time.
+- ``MailProvider``: one mailbox through one channel (async: every real one is network or
+  file I/O).
+- ``TaskBoard``: where humans see and move tasks.
+- Storage, one role per aggregate (synchronous: short transactions on an embedded or pooled
+  database): ``Registry``, ``RunLedger``, ``Claims``, ``Tasks``, ``SendLedger``, ``Drafts``,
+  ``Proposals``, ``Health``, ``Inspect``; ``Store`` is all of them on one database, and
+  ``EmbeddedStore`` a store that is the task board too.
+- ``Vault``: secrets for managed login.
 """
 
 from __future__ import annotations
@@ -85,30 +93,38 @@ class MailProvider(Protocol):
 
 
 class TaskBoard(Protocol):
-    """Where humans see tasks. The embedded store's task table is the default board."""
+    """Where humans see tasks and move them. The embedded store's task table is the default
+    board; a project tool's board (Asana, Jira) would be another adapter of this port."""
 
     def get_task(self, task_id: str) -> Task | None: ...
 
-    def list_queue(self, workspace_id: str) -> list[Task]: ...
+    def list_queue(self, workspace_id: str) -> list[Task]:
+        """The workspace's non-terminal tasks, oldest received first."""
+        ...
 
     def transition_task(
         self, task_id: str, target: TaskState, evidence: str, now: datetime
     ) -> Task: ...
 
 
-class Store(TaskBoard, Protocol):
-    """Claims, execution records, tasks, run ledger, registry. One contract, every backend."""
+# -- storage, one role per aggregate --------------------------------------------------------
+# A service depends on the roles it uses (agent/storage implements them all on SQLite and
+# PostgreSQL; agent/testing/storage ships one contract suite per role).
 
-    def close(self) -> None: ...
 
-    # registry
+class Registry(Protocol):
+    """Registered workspaces and the mailboxes each binds."""
+
     def register_workspace(self, row: WorkspaceRow, bindings: Sequence[Binding]) -> None: ...
     def update_workspace(self, row: WorkspaceRow, bindings: Sequence[Binding]) -> None: ...
     def get_workspace(self, workspace_id: str) -> WorkspaceRow | None: ...
     def list_workspaces(self) -> list[WorkspaceRow]: ...
     def bindings_for_mailbox(self, provider: str, mailbox_id: str) -> list[Binding]: ...
 
-    # run ledger
+
+class RunLedger(Protocol):
+    """Runs, the items each scanned and the one disposition each item got."""
+
     def start_run(
         self,
         run_id: str,
@@ -142,7 +158,14 @@ class Store(TaskBoard, Protocol):
         provably dead or its lease ran out); else None."""
         ...
 
-    # claims and execution records
+    def list_runs(self) -> list[str]: ...
+    def run_summary(self, run_id: str) -> Reconciliation | None: ...
+
+
+class Claims(Protocol):
+    """Claims and execution records: one holder per occurrence, and what its claim wrote
+    (the thread's task, or an escalation for an item no workspace can claim)."""
+
     def claim(  # a lost claim writes nothing; its caller records the claim-race disposition
         self,
         request: ClaimRequest,
@@ -157,14 +180,26 @@ class Store(TaskBoard, Protocol):
         ...
 
     def list_executions(self, state: ExecutionState | None = None) -> list[ExecutionRecord]: ...
+    def list_escalations(self, scope: str | None = None) -> list[Escalation]: ...
 
-    # tasks outside a claim's report, and the sends ledger
+
+class Tasks(Protocol):
+    """Task records: one per verified thread, changed by claims' reports and amendments."""
+
+    def get_task(self, task_id: str) -> Task | None: ...
+    def task_for_thread(self, work_key: str) -> Task | None: ...
+    def list_tasks(self, workspace_id: str) -> list[Task]: ...
     def amend_task(self, task_id: str, amendment: TaskAmendment, now: datetime) -> Task:
         """Apply one amendment under the task's row lock (refused, changing nothing, when
         the task's state does not allow it)."""
         ...
 
     def task_events(self, task_id: str) -> list[tuple[datetime, TaskState, str]]: ...
+
+
+class SendLedger(Protocol):
+    """Every outbound message, ledgered before the provider is asked."""
+
     def begin_send(self, intent: SendIntent, now: datetime, cap: int | None = None) -> SendRecord:
         """Ledger an outbound message before the provider is asked. Returns the existing
         record when the key is already ledgered (``created`` False), or a REFUSED record,
@@ -183,31 +218,54 @@ class Store(TaskBoard, Protocol):
     def get_send(self, key: str) -> SendRecord | None: ...
     def list_sends(self, workspace_id: str) -> list[SendRecord]: ...
 
-    # drafts the server rendered, and the operator's queue of learning proposals
+
+class Drafts(Protocol):
+    """Drafts the server rendered, kept by id."""
+
     def save_draft(self, draft: DraftRecord) -> DraftRecord:
         """Keep a rendered draft (saving the same draft id again keeps the first)."""
         ...
 
     def get_draft(self, draft_id: str) -> DraftRecord | None: ...
+
+
+class Proposals(Protocol):
+    """The operator's queue of learning proposals."""
+
     def add_proposal(self, proposal: LearningProposal) -> LearningProposal:
         """Queue a proposal (the same proposal id again returns the queued one)."""
         ...
 
     def list_proposals(self, workspace_id: str) -> list[LearningProposal]: ...
 
-    # tasks, escalations, health
-    def task_for_thread(self, work_key: str) -> Task | None: ...
-    def list_tasks(self, workspace_id: str) -> list[Task]: ...
-    def list_escalations(self, scope: str | None = None) -> list[Escalation]: ...
+
+class Health(Protocol):
+    """Health events operators watch (a failing provider, an overdue reminder)."""
+
     def record_health(self, key: str, detail: str, now: datetime) -> None: ...
     def list_health(self) -> list[HealthRecord]: ...
 
-    # inspection (the contract suite, benchmarks and operators read these)
+
+class Inspect(Protocol):
+    """What contract suites, benchmarks and operators read of the database itself."""
+
     def schema_version(self) -> int: ...
     def integrity_check(self) -> str: ...
     def counts(self) -> dict[str, int]: ...
-    def list_runs(self) -> list[str]: ...
-    def run_summary(self, run_id: str) -> Reconciliation | None: ...
+
+
+class Store(
+    Registry, RunLedger, Claims, Tasks, SendLedger, Drafts, Proposals, Health, Inspect, Protocol
+):
+    """Every storage role on one database: what a backend implements and the composition
+    root opens. Services ask for the roles they use, never for this."""
+
+    def close(self) -> None: ...
+
+
+class EmbeddedStore(Store, TaskBoard, Protocol):
+    """A store whose own task table is the task board: the embedded default, and what the
+    SQLite and PostgreSQL backends are."""
 
 
 class Vault(Protocol):

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import textwrap
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -18,6 +17,7 @@ from agent.services import intake, workspaces
 from agent.storage.postgres import PostgresStore
 from agent.storage.sqlite import SqliteStore
 from agent.testing import FrozenClock
+from agent.testing.contexts import context_yaml as context_yaml
 from bench.pg_cluster import ThrowawayCluster
 
 _cluster: ThrowawayCluster | None = None
@@ -65,54 +65,6 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
         terminalreporter.section("guarantee figures")
         for name, value in REPORTED.items():
             terminalreporter.write_line(f"{name}: {json.dumps(value, sort_keys=True)}")
-
-
-def context_yaml(
-    workspace_id: str = "ws-test-0001",
-    *,
-    mailbox: str = "support@fabrikam.test",
-    provider: str = "memory",
-    path: str | None = None,
-    extra: str = "",
-    kpis: bool = True,
-    licence: str = "active",
-    shared: bool = False,
-    bind_to: tuple[str, ...] = (),
-) -> str:
-    """A complete Workspace Context; switches turn parts of it off for gap scenarios."""
-    mailbox_line = f"{{mailbox_id: {mailbox}, provider: {provider}"
-    if path:
-        mailbox_line += f", path: {path}"
-    if shared:
-        mailbox_line += f", shared: true, bind_to: [{', '.join(bind_to)}]"
-    mailbox_line += "}"
-    text = f"""\
-        workspace_id: {workspace_id}
-        label: Test workspace {workspace_id}
-        timezone: Asia/Jerusalem
-        language: he
-        calendar: {{weekend: [fri, sat], holidays: [2026-12-25]}}
-        mailboxes:
-          - {mailbox_line}
-        contacts:
-          - {{address: dana.levi@contoso.test, name: Dana Levi, side: client, verified_by: crm-record}}
-          - {{address: noa.bar@fabrikam.test, name: Noa Bar, side: internal, roles: [approver, client_manager]}}
-        approval: {{roles: [approver], standing: []}}
-        default_cc: []
-        escalation_contact: noa.bar@fabrikam.test
-        unresolved_queue: unresolved
-        receipt_ack: false
-        reminder_business_days: 2
-        grants: {{licence: {licence}, mailboxes: [{mailbox}]}}
-        client_send_policy: draft_for_internal_approval
-        classification: {{task_owner_evidence: false}}
-        task_board: {{provider: embedded, project_id: contoso-support, intake_location_id: inbox}}
-        attachments: {{accepted: [pdf, docx]}}
-        """
-    text = textwrap.dedent(text)
-    if kpis:
-        text += "kpis: {official: {first_response_hours: 8}}\n"
-    return text + textwrap.dedent(extra)
 
 
 @pytest.fixture

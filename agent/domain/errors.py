@@ -1,21 +1,33 @@
-"""Errors raised by the domain and the services built on it.
+"""Every error Outloop raises on purpose, in one tree (where a class lives, if not here):
 
     OutloopError
     +-- ContextError            a Workspace Context or station file is missing or invalid
     +-- TransitionError         a task state change the transition table forbids
     |   +-- CloseRefused        closing a task from a state that may never be closed
     +-- UnknownStateError       a state or disposition name that does not exist (a loud defect)
-    +-- RegistryError           a workspace registration that conflicts with the registry
+    +-- RegistryError           a lookup or registration that conflicts with the registry
+    |   +-- UnknownWorkspace    no workspace with that id is registered (``workspace_id``)
+    |   +-- WorkspaceExists     the workspace id is registered already (``workspace_id``)
+    |   +-- UnknownTask         no task with that id (``task_id``)
+    |   +-- UnknownSend         no send with that id (``send_id``)
     +-- StoreError              the store could not complete an operation
     |   +-- ClaimLost           a report from a holder that no longer holds the claim
     +-- ProviderError           a mail provider failed; adapters translate vendor errors into it
     +-- GateRefused             a send the gate or policy does not allow now
-    |   +-- HandoverRefused     what a channel would be handed is not exactly the plan
+    |   +-- HandoverRefused     what a channel would be handed is not exactly the plan (``problems``)
+    |   +-- UnfinishedSend      the draft's send to other recipients is unfinished (``send``; replies.py)
+    |   +-- SendRefused         the gate has blocking reasons (``gate``; agent/services/replies.py)
+    |   +-- AlreadySent         the draft went to these recipients already (``send``; replies.py)
     +-- InvalidRequest          a malformed request its caller can fix
+    +-- ServeError              a server option that cannot work (mcp_server/http.py)
 
-Every message is a sentence that says what happened and what to do about it.
+Inside adapters only (translated before they leave it): ``UnparseableMessage``
+(agent/providers/rfc822.py, a message the Maildir adapter records as unreadable) and
+``UnsendableHeader`` (agent/providers/mime.py, a plan the hand-over check refuses).
+
+The core's messages say what happened, in the core's words, and carry the data a front end
+needs; each front end (the MCP layer's ``mapped_errors``, the CLI) adds what to run there.
 """
-
 
 class OutloopError(Exception):
     """Base of every error Outloop raises on purpose."""
@@ -39,6 +51,38 @@ class UnknownStateError(OutloopError):
 
 class RegistryError(OutloopError):
     """A workspace registration that conflicts with what is registered."""
+
+
+class UnknownWorkspace(RegistryError):
+    """No workspace with this id is registered in this station."""
+
+    def __init__(self, workspace_id: str) -> None:
+        super().__init__(f"no workspace {workspace_id} is registered here")
+        self.workspace_id = workspace_id
+
+
+class WorkspaceExists(RegistryError):
+    """A workspace with this id is registered already."""
+
+    def __init__(self, workspace_id: str) -> None:
+        super().__init__(f"workspace {workspace_id} is already registered")
+        self.workspace_id = workspace_id
+
+
+class UnknownTask(RegistryError):
+    """No task has this id."""
+
+    def __init__(self, task_id: str) -> None:
+        super().__init__(f"no task {task_id!r}")
+        self.task_id = task_id
+
+
+class UnknownSend(RegistryError):
+    """No send has this id (``detail`` says why, when the id cannot be one)."""
+
+    def __init__(self, send_id: str, detail: str = "") -> None:
+        super().__init__(f"no send {send_id!r}" + (f": {detail}" if detail else ""))
+        self.send_id = send_id
 
 
 class StoreError(OutloopError):

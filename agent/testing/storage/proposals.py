@@ -1,0 +1,41 @@
+"""The Proposals role: the operator's queue of learning proposals."""
+
+from __future__ import annotations
+
+from agent.domain.records import (
+    LearningProposal,
+    ProposalState,
+)
+from agent.ports import EmbeddedStore
+from agent.testing import FrozenClock
+from agent.testing.storage.base import WS, StoreContract, register
+
+
+class ProposalsContract(StoreContract):
+    """The Proposals role: the operator's queue of learning proposals."""
+
+    def test_a_learning_proposal_is_queued_once_in_submission_order(
+        self, store: EmbeddedStore, clock: FrozenClock
+    ) -> None:
+        register(store, WS)
+
+        def proposal(n: int) -> LearningProposal:
+            return LearningProposal(
+                proposal_id=f"lp-{n}",
+                workspace_id=WS,
+                kind="new_contact",
+                summary=f"add contact {n}",
+                detail="seen in three threads",
+                evidence=(f"<m{n}@contoso.test>",),
+                submitted_at=clock.advance(minutes=1),
+            )
+
+        assert store.add_proposal(proposal(1)).created
+        assert store.add_proposal(proposal(2)).created
+        repeat = store.add_proposal(proposal(1))
+        assert not repeat.created and repeat.summary == "add contact 1"
+        listed = store.list_proposals(WS)
+        assert [p.proposal_id for p in listed] == ["lp-1", "lp-2"]
+        assert listed[0].state is ProposalState.QUEUED
+        assert listed[0].evidence == ("<m1@contoso.test>",)
+        assert store.list_proposals("ws-other") == []

@@ -1,0 +1,107 @@
+"""Every storage role's contract suite (agent/testing/storage), run on SQLite and PostgreSQL.
+
+A new backend is done when a pair of lines per role here passes for it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from agent.ports import EmbeddedStore
+from agent.storage.postgres import PostgresStore
+from agent.storage.sqlite import SqliteStore
+from agent.testing.storage import (
+    ClaimsContract,
+    DraftsContract,
+    HealthContract,
+    InspectContract,
+    ProposalsContract,
+    RegistryContract,
+    RunLedgerContract,
+    SendLedgerContract,
+    TaskBoardContract,
+    TasksContract,
+)
+from tests.conftest import pg_url_at
+
+
+class OnSqlite:
+    """A SQLite file in the test's directory."""
+
+    def address(self, where: Path) -> str:
+        return str(where / "store.db")
+
+    @staticmethod
+    def open_address(address: str) -> EmbeddedStore:
+        return SqliteStore(Path(address))
+
+
+class OnPostgres:
+    """A schema of its own in the session's throwaway PostgreSQL cluster."""
+
+    def address(self, where: Path) -> str:
+        return pg_url_at(where)
+
+    @staticmethod
+    def open_address(address: str) -> EmbeddedStore:
+        return PostgresStore(address)
+
+
+class TestRegistryOnSqlite(OnSqlite, RegistryContract): ...
+
+
+class TestRegistryOnPostgres(OnPostgres, RegistryContract): ...
+
+
+class TestRunLedgerOnSqlite(OnSqlite, RunLedgerContract): ...
+
+
+class TestRunLedgerOnPostgres(OnPostgres, RunLedgerContract): ...
+
+
+class TestClaimsOnSqlite(OnSqlite, ClaimsContract): ...
+
+
+class TestClaimsOnPostgres(OnPostgres, ClaimsContract): ...
+
+
+class TestTasksOnSqlite(OnSqlite, TasksContract): ...
+
+
+class TestTasksOnPostgres(OnPostgres, TasksContract): ...
+
+
+class TestTaskBoardOnSqlite(OnSqlite, TaskBoardContract): ...
+
+
+class TestTaskBoardOnPostgres(OnPostgres, TaskBoardContract): ...
+
+
+class TestSendLedgerOnSqlite(OnSqlite, SendLedgerContract): ...
+
+
+class TestSendLedgerOnPostgres(OnPostgres, SendLedgerContract): ...
+
+
+class TestDraftsOnSqlite(OnSqlite, DraftsContract): ...
+
+
+class TestDraftsOnPostgres(OnPostgres, DraftsContract): ...
+
+
+class TestProposalsOnSqlite(OnSqlite, ProposalsContract): ...
+
+
+class TestProposalsOnPostgres(OnPostgres, ProposalsContract): ...
+
+
+class TestHealthOnSqlite(OnSqlite, HealthContract): ...
+
+
+class TestHealthOnPostgres(OnPostgres, HealthContract): ...
+
+
+class TestInspectOnSqlite(OnSqlite, InspectContract): ...
+
+
+class TestInspectOnPostgres(OnPostgres, InspectContract): ...
