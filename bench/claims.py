@@ -47,7 +47,7 @@ from agent.domain.errors import StoreError
 from agent.domain.execution import ClaimOutcome, ExecutionRecord
 from agent.domain.records import ClaimRequest, ClaimResult, EscalationDraft, TaskDraft
 from agent.domain.run import LedgerEntry
-from agent.ports import MailProvider, Store
+from agent.ports import EmbeddedStore, MailProvider
 from agent.services import claim, classify, intake, workspaces
 from agent.services.clock import SystemClock
 from agent.services.holder import current_holder
@@ -86,7 +86,7 @@ class ClaimTimer:
 
     def claim_occurrence(
         self,
-        store: Store,
+        store: EmbeddedStore,
         request: ClaimRequest,
         make_draft: Callable[[], TaskDraft | EscalationDraft],
         now: datetime,
@@ -103,7 +103,7 @@ class ClaimTimer:
             self.latencies.append(time.perf_counter() - started)
 
 
-def _open(url: str | None, data_dir: workspaces.DataDir) -> Store:
+def _open(url: str | None, data_dir: workspaces.DataDir) -> EmbeddedStore:
     return PostgresStore(url) if url else SqliteStore(data_dir.database)
 
 
@@ -178,7 +178,7 @@ def _claims_worker(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
-def _claim_all(store: Store, box: InMemoryProvider) -> list[str]:
+def _claim_all(store: EmbeddedStore, box: InMemoryProvider) -> list[str]:
     """Claim every occurrence through the claim service, as intake does, without the rest."""
     clock = SystemClock()
     context = workspaces.load_context(store, WORKSPACE_ID)
@@ -258,10 +258,28 @@ def _spawn(role: str, count: int, extra: list[str], url: str | None) -> list[dic
     """Start ``count`` workers, release them together once all are set up, and collect
     their JSON results; then let them exit. A PostgreSQL URL reaches them through their
     environment, never their command line (which any user of the machine can read)."""
+    procs = _start_workers(role, count, extra, url)
+    results: list[dict[str, Any]] = []
+    try:
+        _wait_until_ready(role, procs)
+        _release(procs)
+        _collect(role, procs, results)
+    finally:
+        _end_workers(procs, interrupted=len(results) < count)
+    failed = [p.returncode for p in procs if p.returncode != 0]
+    if failed:
+        raise RuntimeError(f"bench {role} workers exited with {failed}")
+    return results
+
+
+def _start_workers(
+    role: str, count: int, extra: list[str], url: str | None
+) -> list[subprocess.Popen[str]]:
+    """The worker processes, the database URL in their environment only."""
     env = {k: v for k, v in os.environ.items() if k != DATABASE_URL_SETTING}
     if url:
         env[DATABASE_URL_SETTING] = url
-    procs = [
+    return [
         subprocess.Popen(
             [sys.executable, "-m", "bench.claims", role, "--seed", str(i), *extra],
             stdin=subprocess.PIPE,
@@ -271,36 +289,46 @@ def _spawn(role: str, count: int, extra: list[str], url: str | None) -> list[dic
         )
         for i in range(count)
     ]
-    results: list[dict[str, Any]] = []
-    try:
-        for proc in procs:
-            assert proc.stdout is not None
-            if proc.stdout.readline().strip() != "ready":
-                raise RuntimeError(f"bench {role} worker failed to start ({proc.wait()})")
-        for proc in procs:
-            assert proc.stdin is not None
-            proc.stdin.write("go\n")
-            proc.stdin.flush()
-        for proc in procs:
-            assert proc.stdout is not None
-            line = proc.stdout.readline()
-            if not line:
-                raise RuntimeError(f"bench {role} worker exited with {proc.wait()}")
-            results.append(json.loads(line))
-    finally:
-        for proc in procs:
-            if len(results) < count:
-                proc.kill()  # interrupted (a failure, a timeout): no worker may outlive it
-            if proc.stdin is not None:
-                proc.stdin.close()  # releases a worker waiting for the others
-        for proc in procs:
-            proc.wait(timeout=3600)
-            if proc.stdout is not None:
-                proc.stdout.close()
-    failed = [p.returncode for p in procs if p.returncode != 0]
-    if failed:
-        raise RuntimeError(f"bench {role} workers exited with {failed}")
-    return results
+
+
+def _wait_until_ready(role: str, procs: list[subprocess.Popen[str]]) -> None:
+    """Every worker says it is set up."""
+    for proc in procs:
+        assert proc.stdout is not None
+        if proc.stdout.readline().strip() != "ready":
+            raise RuntimeError(f"bench {role} worker failed to start ({proc.wait()})")
+
+
+def _release(procs: list[subprocess.Popen[str]]) -> None:
+    """Tell every worker to go, all at once."""
+    for proc in procs:
+        assert proc.stdin is not None
+        proc.stdin.write("go\n")
+        proc.stdin.flush()
+
+
+def _collect(role: str, procs: list[subprocess.Popen[str]], results: list[dict[str, Any]]) -> None:
+    """Each worker's JSON result line, appended to ``results`` as it arrives."""
+    for proc in procs:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        if not line:
+            raise RuntimeError(f"bench {role} worker exited with {proc.wait()}")
+        results.append(json.loads(line))
+
+
+def _end_workers(procs: list[subprocess.Popen[str]], *, interrupted: bool) -> None:
+    """Let the workers exit; an interrupted run (a failure, a timeout) kills them, so no
+    worker outlives it."""
+    for proc in procs:
+        if interrupted:
+            proc.kill()
+        if proc.stdin is not None:
+            proc.stdin.close()  # releases a worker waiting for the others
+    for proc in procs:
+        proc.wait(timeout=3600)
+        if proc.stdout is not None:
+            proc.stdout.close()
 
 
 def _rate(results: list[dict[str, Any]]) -> tuple[float, float, int]:
@@ -368,59 +396,15 @@ def _run(
     mode: str,
     progress: Callable[[str], None],
 ) -> dict[str, Any]:
-    per_worker = max(1, items)
-    if url is None:
-        # Baseline: the same number of processes, one-row transactions, the store's pragmas.
-        base_db = scratch / "baseline.db"
-        conn = sqlite3.connect(base_db, isolation_level=None)
-        conn.execute("PRAGMA journal_mode=WAL")
-        conn.execute("CREATE TABLE IF NOT EXISTS rows (k TEXT PRIMARY KEY, v TEXT NOT NULL)")
-        conn.close()
-        target = ["--db", str(base_db)]
-        progress(f"baseline: {workers} processes x {per_worker} one-row transactions")
-    else:
-        with psycopg.connect(url, autocommit=True) as pg:
-            pg.execute("CREATE TABLE bench_rows (k TEXT PRIMARY KEY, v TEXT NOT NULL)")
-        target = []
-        progress(f"baseline: {workers} processes x {per_worker} INSERT ... ON CONFLICT DO NOTHING")
-    baseline_results = _spawn("insert", workers, [*target, "--items", str(per_worker)], url)
-    baseline_rate, baseline_wall, _ = _rate(baseline_results)
-
-    # The product: register the workspace once, then race the workers.
-    root = scratch / "station"
-    data_dir = workspaces.DataDir(root)
-    root.mkdir(parents=True, exist_ok=True)
-    context_file = scratch / "context.yaml"
-    context_file.write_text(CONTEXT, encoding="utf-8")
-    store = _open(url, data_dir)
-    workspaces.add_workspace(store, data_dir, context_file, SystemClock().now())
-    store.close()
+    """The baseline, then the product raced by as many processes, then the figures."""
+    baseline_rate, baseline_wall = _baseline(scratch, url, workers, max(1, items), progress)
+    data_dir = workspaces.DataDir(scratch / "station")
+    _register_workspace(scratch, url, data_dir)
     progress(f"{mode}: {workers} processes x {items} shared occurrences, random order")
-    results = _spawn(
-        "claims",
-        workers,
-        [
-            "--dir",
-            str(root),
-            "--items",
-            str(items),
-            "--per-thread",
-            str(per_thread),
-            "--mode",
-            mode,
-        ],
-        url,
-    )
+    results = _race(data_dir, url, workers, items, per_thread, mode)
     rate, wall, attempts = _rate(results)
     latencies = [x for r in results for x in r["latencies_ms"]]
-
-    store = _open(url, data_dir)
-    try:
-        counts = store.counts()
-        done = counts["executions_done"]
-        integrity = store.integrity_check()
-    finally:
-        store.close()
+    counts, integrity = _store_counts(url, data_dir)
     claimed = sum(int(r["outcomes"].get("CLAIMED", 0)) for r in results)
     threads = (items + per_thread - 1) // per_thread
     duplicates = max(0, claimed - items) + max(0, counts["tasks"] - threads)
@@ -436,28 +420,104 @@ def _run(
         # Won claims alone (each a write transaction with its task), against the same baseline.
         "won_per_s": round(claimed / wall, 1),
         "won_ratio": round(claimed / wall / baseline_rate, 3),
-        "p50_ms": round(_percentile(latencies, 0.50), 3),
-        "p99_ms": round(_percentile(latencies, 0.99), 3),
-        "mean_ms": round(statistics.fmean(latencies), 3) if latencies else 0.0,
+        **_latency_figures(latencies),
         "attempts": attempts,
         "claims": claimed,
-        "executions_done": done,
+        "executions_done": counts["executions_done"],
         "tasks": counts["tasks"],
         "threads": threads,
         "duplicates": duplicates,
         # An occurrence is lost if it ended with no execution at all (claim mode) or
         # without a DONE one (intake mode, where every claim is reported).
-        "lost": items - (done if mode == "intake" else counts["executions"]),
+        "lost": items - (counts["executions_done"] if mode == "intake" else counts["executions"]),
+        **_worker_figures(results),
+        "integrity_check": integrity,
+        "elapsed_s": round(wall, 3),
+        "baseline_elapsed_s": round(baseline_wall, 3),
+        "cpus": os.cpu_count(),
+    }
+
+
+def _baseline(
+    scratch: Path,
+    url: str | None,
+    workers: int,
+    per_worker: int,
+    progress: Callable[[str], None],
+) -> tuple[float, float]:
+    """The baseline rate and wall time: the same number of processes, one-row transactions
+    (on SQLite with the store's pragmas)."""
+    if url is None:
+        base_db = scratch / "baseline.db"
+        conn = sqlite3.connect(base_db, isolation_level=None)
+        conn.execute("PRAGMA journal_mode=WAL")
+        conn.execute("CREATE TABLE IF NOT EXISTS rows (k TEXT PRIMARY KEY, v TEXT NOT NULL)")
+        conn.close()
+        target = ["--db", str(base_db)]
+        progress(f"baseline: {workers} processes x {per_worker} one-row transactions")
+    else:
+        with psycopg.connect(url, autocommit=True) as pg:
+            pg.execute("CREATE TABLE bench_rows (k TEXT PRIMARY KEY, v TEXT NOT NULL)")
+        target = []
+        progress(f"baseline: {workers} processes x {per_worker} INSERT ... ON CONFLICT DO NOTHING")
+    baseline_results = _spawn("insert", workers, [*target, "--items", str(per_worker)], url)
+    rate, wall, _ = _rate(baseline_results)
+    return rate, wall
+
+
+def _race(
+    data_dir: workspaces.DataDir,
+    url: str | None,
+    workers: int,
+    items: int,
+    per_thread: int,
+    mode: str,
+) -> list[dict[str, Any]]:
+    """The product raced: every worker goes over the same occurrences in its own order."""
+    args = ["--dir", str(data_dir.root), "--items", str(items)]
+    args += ["--per-thread", str(per_thread), "--mode", mode]
+    return _spawn("claims", workers, args, url)
+
+
+def _register_workspace(scratch: Path, url: str | None, data_dir: workspaces.DataDir) -> None:
+    """Register the benchmark's workspace once, before the workers race."""
+    data_dir.root.mkdir(parents=True, exist_ok=True)
+    context_file = scratch / "context.yaml"
+    context_file.write_text(CONTEXT, encoding="utf-8")
+    store = _open(url, data_dir)
+    workspaces.add_workspace(store, data_dir, context_file, SystemClock().now())
+    store.close()
+
+
+def _store_counts(url: str | None, data_dir: workspaces.DataDir) -> tuple[dict[str, int], str]:
+    """The store's row counts and integrity check after the race."""
+    store = _open(url, data_dir)
+    try:
+        counts = store.counts()
+        integrity = store.integrity_check()
+    finally:
+        store.close()
+    return counts, integrity
+
+
+def _latency_figures(latencies: list[float]) -> dict[str, float]:
+    """The claim latency percentiles and mean, in milliseconds."""
+    return {
+        "p50_ms": round(_percentile(latencies, 0.50), 3),
+        "p99_ms": round(_percentile(latencies, 0.99), 3),
+        "mean_ms": round(statistics.fmean(latencies), 3) if latencies else 0.0,
+    }
+
+
+def _worker_figures(results: list[dict[str, Any]]) -> dict[str, Any]:
+    """What the workers report about themselves: busy errors, retries, CPU time, clean runs."""
+    return {
         "busy_errors": sum(int(r["busy_errors"]) for r in results),
         "retries": sum(int(r["retries"]) for r in results),
         # CPU time of the worker processes themselves (the database server's is not in it).
         "worker_cpu_s": round(sum(float(r["cpu_s"]) for r in results), 2),
         "runs_clean": sum(1 for r in results if r["clean"]),
         "scanned_per_run": sorted({int(r["scanned"]) for r in results}),
-        "integrity_check": integrity,
-        "elapsed_s": round(wall, 3),
-        "baseline_elapsed_s": round(baseline_wall, 3),
-        "cpus": os.cpu_count(),
     }
 
 

@@ -25,7 +25,7 @@ import psycopg
 
 from agent.domain.dispositions import Disposition
 from agent.domain.run import LedgerEntry
-from agent.ports import Store
+from agent.ports import EmbeddedStore
 from agent.storage.postgres import PostgresStore
 from agent.storage.sqlite import SqliteStore
 from agent.storage.sqlite import connect as sqlite_connect
@@ -61,7 +61,7 @@ def run(
     for backend in backends:
         if backend == "sqlite":
             path = scratch / "reconcile.db"
-            store: Store = SqliteStore(path)
+            store: EmbeddedStore = SqliteStore(path)
             try:
                 figures[backend] = _measure(store, items, progress, backend, _sqlite_baseline(path))
             finally:
@@ -96,7 +96,7 @@ def _on_postgres(url: str, items: int, progress: Callable[[str], None]) -> dict[
 
 
 def _measure(
-    store: Store,
+    store: EmbeddedStore,
     items: int,
     progress: Callable[[str], None],
     backend: str,

@@ -18,8 +18,9 @@ from mcp.server.auth.settings import AuthSettings
 from pydantic import AnyHttpUrl
 
 from agent.domain.errors import OutloopError
+from mcp_server.composition import MCP_TOKEN_ENV
 
-TOKEN_ENV = "OUTLOOP_MCP_TOKEN"  # noqa: S105 - the name of the variable, not a token
+TOKEN_ENV = MCP_TOKEN_ENV  # read into Settings.mcp_token by the composition root
 MIN_TOKEN_CHARS = 24
 
 

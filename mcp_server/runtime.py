@@ -7,7 +7,6 @@ from collections import OrderedDict
 from collections.abc import AsyncGenerator, Generator
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import anyio
 from mcp.server.mcpserver.exceptions import ToolError
@@ -24,12 +23,15 @@ from agent.domain.errors import (
     RegistryError,
     StoreError,
     TransitionError,
+    UnknownSend,
     UnknownStateError,
+    UnknownTask,
+    UnknownWorkspace,
 )
 from agent.domain.task import Task
 from agent.ports import Clock, MailProvider
 from agent.services.intake import ProviderFactory, Scan
-from agent.services.replies import AlreadySent, SendRefused
+from agent.services.replies import AlreadySent, SendRefused, UnfinishedSend
 from agent.services.workspaces import load_context
 from mcp_server.composition import Station
 from mcp_server.models import ClaimView
@@ -40,13 +42,6 @@ REFUSED = -32010
 
 MAX_RUNS = 64
 """Runs kept in memory for claim; an older run can still be reconciled from the ledger."""
-
-
-@dataclass(frozen=True)
-class Settings:
-    """What the entry point read from the command line and the environment."""
-
-    data_dir: Path
 
 
 @dataclass
@@ -118,6 +113,22 @@ def refusal(
     return MCPError(REFUSED, message, {"refused": kind, "reasons": reasons or [], **extra})
 
 
+WHAT_TO_DO: tuple[tuple[type[OutloopError], str], ...] = (
+    (UnknownWorkspace, "an operator registers it with 'outloop workspace add --context FILE'"),
+    (UnknownTask, "list_queue shows the workspace's open tasks"),
+    (UnknownSend, "read_back takes the send_id send returned"),
+    (AlreadySent, "read_back that send_id to check it"),
+    (UnfinishedSend, "repeat exactly that send (or read_back its send_id later)"),
+)
+"""What a host does about a core error that carries data, worded for the MCP tools."""
+
+
+def worded(exc: OutloopError) -> str:
+    """The core's sentence, and what to do about it through this server's tools."""
+    hint = next((h for kind, h in WHAT_TO_DO if isinstance(exc, kind)), None)
+    return f"{exc}; {hint}" if hint else str(exc)
+
+
 @contextmanager
 def mapped_errors() -> Generator[None]:
     """Turn the core's errors into what the host sees: a refusal (a JSON-RPC error the host
@@ -135,7 +146,7 @@ def mapped_errors() -> Generator[None]:
         ) from exc
     except AlreadySent as exc:
         raise refusal(
-            str(exc),
+            worded(exc),
             "already_sent",
             send_id=exc.send.key,
             internet_message_id=exc.send.internet_message_id,
@@ -144,12 +155,14 @@ def mapped_errors() -> Generator[None]:
         raise refusal(
             str(exc), "handover", [{"blocker": "handover", "detail": p} for p in exc.problems]
         ) from exc
+    except UnfinishedSend as exc:
+        raise refusal(worded(exc), "policy", send_id=exc.send.key) from exc
     except GateRefused as exc:
         raise refusal(str(exc), "policy") from exc
     except TransitionError as exc:
         raise refusal(str(exc), "task_state") from exc
     except (RegistryError, ContextError, UnknownStateError, InvalidRequest) as exc:
-        raise ToolError(str(exc)) from exc
+        raise ToolError(worded(exc)) from exc
     except ProviderError as exc:
         raise ToolError(
             f"the mail provider failed: {exc}; access_status shows the mailbox's health"

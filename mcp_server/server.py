@@ -5,8 +5,8 @@ settings the entry point read."""
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncGenerator
-from contextlib import asynccontextmanager
+from collections.abc import AsyncGenerator, Callable
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from importlib import resources
 from typing import Any
 
@@ -22,8 +22,8 @@ from agent.services.clock import SystemClock
 from agent.services.gate_check import load_task
 from agent.services.intake import ProviderFactory
 from agent.services.workspaces import load_context
-from mcp_server.composition import open_station, provider_for
-from mcp_server.runtime import Runtime, Settings
+from mcp_server.composition import Settings, open_station
+from mcp_server.runtime import Runtime, worded
 from mcp_server.tools import build_tools, runtime_of, task_view
 
 NAME = "outloop"
@@ -73,32 +73,46 @@ def build_server(
 ) -> MCPServer[Runtime]:
     """The server for one data directory. ``clock`` and ``providers`` default to the system
     clock and the adapters the workspace contexts name."""
-
-    @asynccontextmanager
-    async def lifespan(_: MCPServer[Runtime]) -> AsyncGenerator[Runtime]:
-        station = open_station(settings.data_dir)
-        try:
-            yield Runtime(
-                station=station,
-                clock=clock or SystemClock(),
-                provider_for=providers or provider_for,
-            )
-        finally:
-            station.close()
-
     server: MCPServer[Runtime] = MCPServer(
         NAME,
         title="Outloop mail workstation",
         instructions=INSTRUCTIONS,
         log_level="WARNING",
-        lifespan=lifespan,
+        lifespan=_lifespan(settings, clock, providers),
         tools=build_tools(),
         token_verifier=token_verifier,
         auth=auth,
     )
-
     for key, (file_name, description) in SKILLS.items():
         _add_skill(server, key, file_name, description)
+    _add_workspace_context(server)
+    _add_task_record(server)
+    _add_lifecycle_prompt(server)
+    return server
+
+
+def _lifespan(
+    settings: Settings, clock: Clock | None, providers: ProviderFactory | None
+) -> Callable[[MCPServer[Runtime]], AbstractAsyncContextManager[Runtime]]:
+    """The station opened for the server's lifetime, with its clock and provider adapters."""
+
+    @asynccontextmanager
+    async def lifespan(_: MCPServer[Runtime]) -> AsyncGenerator[Runtime]:
+        station = open_station(settings)
+        try:
+            yield Runtime(
+                station=station,
+                clock=clock or SystemClock(),
+                provider_for=providers or station.provider_for,
+            )
+        finally:
+            station.close()
+
+    return lifespan
+
+
+def _add_workspace_context(server: MCPServer[Runtime]) -> None:
+    """A workspace's live context as a read-only resource, local paths redacted."""
 
     @server.resource(
         "outloop://workspaces/{workspace_id}/context",
@@ -111,7 +125,11 @@ def build_server(
         try:
             return _redacted_context(runtime_of(ctx), workspace_id)
         except OutloopError as exc:
-            raise MCPError(RESOURCE_NOT_FOUND, str(exc)) from exc
+            raise MCPError(RESOURCE_NOT_FOUND, worded(exc)) from exc
+
+
+def _add_task_record(server: MCPServer[Runtime]) -> None:
+    """One task record as a resource."""
 
     @server.resource(
         "outloop://tasks/{task_id}",
@@ -123,8 +141,12 @@ def build_server(
         try:
             task = load_task(runtime_of(ctx).station.store, task_id)
         except OutloopError as exc:
-            raise MCPError(RESOURCE_NOT_FOUND, str(exc)) from exc
+            raise MCPError(RESOURCE_NOT_FOUND, worded(exc)) from exc
         return task_view(task).model_dump_json(indent=2)
+
+
+def _add_lifecycle_prompt(server: MCPServer[Runtime]) -> None:
+    """The prompt that starts one lifecycle run over a mailbox."""
 
     @server.prompt(
         name="lifecycle_run",
@@ -145,8 +167,6 @@ def build_server(
             "claim-race, and any RECONCILIATION_FAILED item.\n"
             "Stop and tell the operator when a refusal names a reason you cannot clear."
         )
-
-    return server
 
 
 def _add_skill(server: MCPServer[Runtime], key: str, file_name: str, description: str) -> None:

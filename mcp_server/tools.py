@@ -18,6 +18,7 @@ from agent.domain.mail import MessageBody
 from agent.domain.states import TaskState
 from agent.domain.task import Task
 from agent.domain.untrusted import shown
+from agent.ports import Registry
 from agent.rendering.text import readable_text
 from agent.services import approvals, closure, drafts, intake, learning, replies
 from agent.services.gate_check import check_send, load_task
@@ -224,19 +225,7 @@ async def intake_tool(
     store = rt.station.store
     wanted = mailbox_id.strip().lower()
     with mapped_errors():
-        bound: list[str] = []
-        for row in store.list_workspaces():
-            try:
-                context = registered_context(row)
-            except ContextError:
-                continue  # an unreadable registration binds nothing; its own runs say why
-            if any(b.mailbox_id == wanted for b in context.mailboxes):
-                bound.append(row.workspace_id)
-        if not bound:
-            raise RegistryError(
-                f"no registered workspace binds mailbox {mailbox_id}; an operator registers it "
-                "with 'outloop workspace add --context FILE'"
-            )
+        bound = _workspaces_binding(store, wanted, mailbox_id)
         items: list[IntakeItem] = []
         runs: list[str] = []
         access_errors: list[str] = []
@@ -254,16 +243,7 @@ async def intake_tool(
             runs.append(run.run_id)
             access_errors.extend(run.result.access_errors)
             stale += len(run.result.reconciled_stale)
-            items.extend(
-                IntakeItem(
-                    run_id=run.run_id,
-                    item_ref=plan.ref,
-                    workspace_id=plan.owner,
-                    escalation_reason=shown(plan.reason),
-                    untrusted=_message_view(plan),
-                )
-                for plan in run.planned
-            )
+            items.extend(_intake_items(run))
     return IntakeResult(
         mailbox_id=wanted,
         run_id=runs[0],
@@ -272,6 +252,38 @@ async def intake_tool(
         access_errors=access_errors,
         reconciled_stale_runs=stale,
     )
+
+
+def _workspaces_binding(store: Registry, wanted: str, mailbox_id: str) -> list[str]:
+    """The registered workspaces whose context binds the mailbox; at least one."""
+    bound: list[str] = []
+    for row in store.list_workspaces():
+        try:
+            context = registered_context(row)
+        except ContextError:
+            continue  # an unreadable registration binds nothing; its own runs say why
+        if any(b.mailbox_id == wanted for b in context.mailboxes):
+            bound.append(row.workspace_id)
+    if not bound:
+        raise RegistryError(
+            f"no registered workspace binds mailbox {mailbox_id}; an operator registers it "
+            "with 'outloop workspace add --context FILE'"
+        )
+    return bound
+
+
+def _intake_items(run: intake.Scan) -> list[IntakeItem]:
+    """The run's scanned items as intake returns them, their message untrusted."""
+    return [
+        IntakeItem(
+            run_id=run.run_id,
+            item_ref=plan.ref,
+            workspace_id=plan.owner,
+            escalation_reason=shown(plan.reason),
+            untrusted=_message_view(plan),
+        )
+        for plan in run.planned
+    ]
 
 
 async def claim_tool(
@@ -289,28 +301,11 @@ async def claim_tool(
     async with rt.serialized("run", run_id):
         known = rt.claimed.get((run_id, item_ref))
         if known is not None:
-            if known.message_error is None:
-                return known
-            run = rt.runs.get(run_id)
-            index = run.index_of(item_ref) if run is not None else None
-            if run is None or index is None:
-                return known
-            return await _with_message(rt, run, index, known)
+            return await _claimed_again(rt, run_id, item_ref, known)
         failed = rt.failed_claims.get((run_id, item_ref))
         if failed is not None:
             raise ToolError(failed)
-        run = rt.runs.get(run_id)
-        if run is None:
-            raise ToolError(
-                f"run {run_id} is not open in this server (it was reconciled, ran in another "
-                "process, or the server restarted); call intake again - the new run claims "
-                "what this one did not"
-            )
-        index = run.index_of(item_ref)
-        if index is None:
-            raise ToolError(
-                f"run {run_id} scanned no item {item_ref!r}; use an item_ref intake returned"
-            )
+        run, index = _scanned_item(rt, run_id, item_ref)
         with mapped_errors():
             outcome = await intake.claim_item(run, index, rt.clock)
             intake.flush(run, rt.clock)
@@ -335,6 +330,35 @@ async def claim_tool(
         if outcome.task_id is None or run.planned[index].envelope is None:
             return view
         return await _with_message(rt, run, index, view)
+
+
+async def _claimed_again(rt: Runtime, run_id: str, item_ref: str, known: ClaimView) -> ClaimView:
+    """A repeated claim returns the first answer, with its message read again if it could not
+    be read the first time (while the run is still open here)."""
+    if known.message_error is None:
+        return known
+    run = rt.runs.get(run_id)
+    index = run.index_of(item_ref) if run is not None else None
+    if run is None or index is None:
+        return known
+    return await _with_message(rt, run, index, known)
+
+
+def _scanned_item(rt: Runtime, run_id: str, item_ref: str) -> tuple[intake.Scan, int]:
+    """The open run and the item's place in it."""
+    run = rt.runs.get(run_id)
+    if run is None:
+        raise ToolError(
+            f"run {run_id} is not open in this server (it was reconciled, ran in another "
+            "process, or the server restarted); call intake again - the new run claims "
+            "what this one did not"
+        )
+    index = run.index_of(item_ref)
+    if index is None:
+        raise ToolError(
+            f"run {run_id} scanned no item {item_ref!r}; use an item_ref intake returned"
+        )
+    return run, index
 
 
 async def _with_message(rt: Runtime, run: intake.Scan, index: int, view: ClaimView) -> ClaimView:
@@ -372,12 +396,11 @@ async def list_queue_tool(
     workspace_id: Annotated[Id, Field(description="a registered workspace id")], ctx: Context
 ) -> QueueView:
     """The workspace's non-terminal tasks, oldest received first: the order to work them."""
-    store = runtime_of(ctx).station.store
+    station = runtime_of(ctx).station
     with mapped_errors():
-        load_context(store, workspace_id)
-        return QueueView(
-            workspace_id=workspace_id, tasks=[task_view(t) for t in store.list_queue(workspace_id)]
-        )
+        load_context(station.store, workspace_id)
+        queue = station.board.list_queue(workspace_id)
+        return QueueView(workspace_id=workspace_id, tasks=[task_view(t) for t in queue])
 
 
 async def transition_task_tool(
@@ -399,7 +422,7 @@ async def transition_task_tool(
             task = load_task(rt.station.store, task_id)
             if task.state is target:
                 return task_view(task)
-            released = closure.release(rt.station.store, task_id, target, evidence, rt.clock)
+            released = closure.release(rt.station.board, task_id, target, evidence, rt.clock)
     return task_view(released)
 
 

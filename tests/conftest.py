@@ -12,12 +12,12 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from agent.ports import MailProvider, Store
+from agent.ports import EmbeddedStore, MailProvider
 from agent.services import intake, workspaces
 from agent.storage.postgres import PostgresStore
 from agent.storage.sqlite import SqliteStore
 from agent.testing import FrozenClock
-from agent.testing.contexts import context_yaml as context_yaml
+from agent.testing.contexts import context_yaml  # noqa: F401 - the tests import it from here
 from bench.pg_cluster import ThrowawayCluster
 
 _cluster: ThrowawayCluster | None = None
@@ -49,9 +49,9 @@ def pg_url_at(where: Path) -> str:
     return f"{cluster.url}?options=-csearch_path%3D{schema}"
 
 
-# Every Store backend: a name and how to open a store at a location. The Store contract
+# Every EmbeddedStore backend: a name and how to open a store at a location. The EmbeddedStore contract
 # suite runs on each one.
-BACKENDS: dict[str, Callable[[Path], Store]] = {
+BACKENDS: dict[str, Callable[[Path], EmbeddedStore]] = {
     "sqlite": lambda where: SqliteStore(where / "store.db"),
     "postgres": lambda where: PostgresStore(pg_url_at(where)),
 }
@@ -73,12 +73,14 @@ def clock() -> FrozenClock:
 
 
 @pytest.fixture(params=sorted(BACKENDS))
-def open_store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Callable[[], Store]]:
+def open_store(
+    request: pytest.FixtureRequest, tmp_path: Path
+) -> Iterator[Callable[[], EmbeddedStore]]:
     """Opens (and later closes) a store of each backend, always at the same location."""
     opener = BACKENDS[str(request.param)]
-    opened: list[Store] = []
+    opened: list[EmbeddedStore] = []
 
-    def _open() -> Store:
+    def _open() -> EmbeddedStore:
         opened.append(opener(tmp_path))
         return opened[-1]
 
@@ -88,8 +90,8 @@ def open_store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Calla
 
 
 @pytest.fixture
-def store(open_store: Callable[[], Store]) -> Store:
-    """A fresh store of each backend (the Store contract suite runs on every one)."""
+def store(open_store: Callable[[], EmbeddedStore]) -> EmbeddedStore:
+    """A fresh store of each backend (the EmbeddedStore contract suite runs on every one)."""
     return open_store()
 
 
@@ -128,7 +130,7 @@ def anyio_backend() -> str:
 
 
 async def run_intake(
-    store: Store,
+    store: EmbeddedStore,
     data_dir: workspaces.DataDir,
     workspace_id: str,
     clock: FrozenClock,

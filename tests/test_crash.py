@@ -24,7 +24,7 @@ import pytest
 from agent import crashpoints
 from agent.domain.execution import ExecutionState
 from agent.domain.states import TaskState
-from agent.ports import Store
+from agent.ports import EmbeddedStore
 from agent.services import workspaces
 from agent.services.holder import holder_alive
 from agent.storage.backend import DATABASE_URL_SETTING
@@ -97,7 +97,7 @@ class World:
             env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
         )  # fmt: skip
 
-    def store(self) -> Store:
+    def store(self) -> EmbeddedStore:
         if self.database_url is not None:
             return PostgresStore(self.database_url)
         return SqliteStore(self.data_dir.database)

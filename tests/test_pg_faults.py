@@ -29,7 +29,7 @@ import psycopg
 import pytest
 
 from agent import crashpoints
-from agent.ports import Store
+from agent.ports import EmbeddedStore
 from bench.pg_cluster import ThrowawayCluster
 from tests.conftest import REPORTED
 from tests.test_crash import WS, World, assert_recovered
@@ -66,7 +66,7 @@ class Tally:
         )
 
 
-def _open(store: Store) -> list[tuple[str, str]]:
+def _open(store: EmbeddedStore) -> list[tuple[str, str]]:
     """(run_id, holder) of the workspace's runs not yet reconciled."""
     return [(r.run_id, r.holder) for r in store.unreconciled_runs(WS)]
 
@@ -86,7 +86,7 @@ def _pause_on(procs: list[subprocess.Popen[bytes]]) -> None:
 
 
 def _claiming_moment(
-    store: Store, procs: list[subprocess.Popen[bytes]], rng: random.Random
+    store: EmbeddedStore, procs: list[subprocess.Popen[bytes]], rng: random.Random
 ) -> bool:
     """Wait until every live worker has started its run and one of them is claiming (its
     run's scanned items are recorded and the run is not reconciled), then a random few
@@ -116,12 +116,12 @@ def _claiming_moment(
 def _inject(
     world: World,
     cluster: ThrowawayCluster,
-    store: Store,
+    store: EmbeddedStore,
     fault: str,
     procs: list[subprocess.Popen[bytes]],
     rng: random.Random,
     tally: Tally,
-) -> Store:
+) -> EmbeddedStore:
     """Terminate every backend or restart the server while a worker is mid-run; returns
     the (reopened) polling store."""
     if not _claiming_moment(store, procs, rng):
@@ -146,7 +146,7 @@ def _inject(
 
 
 def _kill_at_random_moment(
-    store: Store, victim: subprocess.Popen[bytes], rng: random.Random, before: int
+    store: EmbeddedStore, victim: subprocess.Popen[bytes], rng: random.Random, before: int
 ) -> bool:
     """SIGKILL the victim at a random moment of its run; True if a signal was sent."""
     if rng.random() < 0.5:

@@ -385,60 +385,48 @@ def read_wording(
     notes = notes_in_history(quoted, sent) if sent is not None else []
     subject = [subject_words] if subject_words.strip() else []
     own_text = "\n".join([*subject, *own, *notes])
-    full = _normalize(own_text)
     core = "\n".join([*subject, new_text(body, signer_names), *notes]).strip()
-    text = _normalize(core)
+    decision, reason = _objection(own_text) or _core_reading(_normalize(core), body, signer_names)
+    return Wording(decision=decision, reason=reason, new_text=core)
+
+
+def _objection(own_text: str) -> tuple[Decision, str] | None:
+    """Anything the approver wrote anywhere that withholds the approval: a change request or
+    refusal, a condition, negation, hedge or retraction, a suspicious character, an
+    ambiguous emoji. None when there is none."""
+    full = _normalize(own_text)
     flat = " ".join(full.split())
     if any(_CHANGES.search(line) for line in full.split("\n")) or _CHANGES.search(flat):
-        return Wording(
-            decision=Decision.CHANGES_REQUESTED,
-            reason="explicit change request or refusal",
-            new_text=core,
-        )
+        return Decision.CHANGES_REQUESTED, "explicit change request or refusal"
     if match := _DISQUALIFY.search(flat):
-        return Wording(
-            decision=Decision.HELD,
-            reason=f"not an unconditional approval ({match.group(0).strip()!r})",
-            new_text=core,
-        )
+        return Decision.HELD, f"not an unconditional approval ({match.group(0).strip()!r})"
     if suspicious := [f for f in text_flags(own_text) if "mixed-script" in f or "invisible" in f]:
-        return Wording(decision=Decision.HELD, reason=suspicious[0], new_text=core)
+        return Decision.HELD, suspicious[0]
     odd = [ch for ch in full if _emoji(ch) and ch not in _POSITIVE_EMOJI]
     if odd:
-        return Wording(
-            decision=Decision.HELD, reason=f"ambiguous emoji {''.join(odd)}", new_text=core
-        )
+        return Decision.HELD, f"ambiguous emoji {''.join(odd)}"
+    return None
+
+
+def _core_reading(text: str, body: str, signer_names: tuple[str, ...]) -> tuple[Decision, str]:
+    """The core text approves only when it holds an explicit approval and nothing but
+    approvals and courtesies, with nothing but a signature under the signature marker."""
     if not any(ch.isalpha() for ch in text):
-        return Wording(
-            decision=Decision.NONE,
-            reason="no words: emoji, punctuation or silence never approve",
-            new_text=core,
-        )
+        return Decision.NONE, "no words: emoji, punctuation or silence never approve"
     stripped = "".join(ch for ch in text if not _emoji(ch))
     fragments = [f.strip() for f in re.split(r"[.,!;:\n()\-–—]+", stripped) if f.strip()]
     approving = [f for f in fragments if _APPROVE.match(f)]
     other = [f for f in fragments if not _APPROVE.match(f) and not _FILLER_RE.match(f)]
     if other:
-        return Wording(
-            decision=Decision.HELD,
-            reason=f"says more than an approval ({other[0]!r})",
-            new_text=core,
-        )
+        return Decision.HELD, f"says more than an approval ({other[0]!r})"
     if unsigned := below_signature(body, signer_names):
-        return Wording(
-            decision=Decision.HELD,
-            reason=f"words under the signature marker are not a signature ({unsigned[0]!r})",
-            new_text=core,
+        return (
+            Decision.HELD,
+            f"words under the signature marker are not a signature ({unsigned[0]!r})",
         )
     if not approving:
-        return Wording(
-            decision=Decision.NONE,
-            reason="vague positivity is not an explicit approval",
-            new_text=core,
-        )
-    return Wording(
-        decision=Decision.APPROVED, reason=f"explicit approval {approving[0]!r}", new_text=core
-    )
+        return Decision.NONE, "vague positivity is not an explicit approval"
+    return Decision.APPROVED, f"explicit approval {approving[0]!r}"
 
 
 #: How parts that disagree combine: the most restrictive reading wins.

@@ -1,4 +1,5 @@
-"""Every error Outloop raises on purpose, in one tree (where a class lives, if not here):
+"""Every error Outloop raises on purpose, in one tree (where a class lives, if not here;
+``replies.py`` is agent/services/replies.py):
 
     OutloopError
     +-- ContextError            a Workspace Context or station file is missing or invalid
@@ -14,9 +15,9 @@
     |   +-- ClaimLost           a report from a holder that no longer holds the claim
     +-- ProviderError           a mail provider failed; adapters translate vendor errors into it
     +-- GateRefused             a send the gate or policy does not allow now
-    |   +-- HandoverRefused     what a channel would be handed is not exactly the plan (``problems``)
-    |   +-- UnfinishedSend      the draft's send to other recipients is unfinished (``send``; replies.py)
-    |   +-- SendRefused         the gate has blocking reasons (``gate``; agent/services/replies.py)
+    |   +-- HandoverRefused     a channel would be handed other than the plan (``problems``)
+    |   +-- UnfinishedSend      the draft's send to others is unfinished (``send``; replies.py)
+    |   +-- SendRefused         the gate has blocking reasons (``gate``; replies.py)
     |   +-- AlreadySent         the draft went to these recipients already (``send``; replies.py)
     +-- InvalidRequest          a malformed request its caller can fix
     +-- ServeError              a server option that cannot work (mcp_server/http.py)
@@ -28,6 +29,7 @@ Inside adapters only (translated before they leave it): ``UnparseableMessage``
 The core's messages say what happened, in the core's words, and carry the data a front end
 needs; each front end (the MCP layer's ``mapped_errors``, the CLI) adds what to run there.
 """
+
 
 class OutloopError(Exception):
     """Base of every error Outloop raises on purpose."""

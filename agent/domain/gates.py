@@ -196,6 +196,28 @@ def evaluate_send(
     plan = build_recipients(
         context, to=to, cc=cc, internal_only=internal_only, owner_evidence=task_owner_evidence(task)
     )
+    reasons = [
+        *_task_blockers(context, task, owner),
+        *_recipient_blockers(plan, foreign, owner),
+        *_content_blockers(draft, foreign, owner),
+    ]
+    basis: str | None = None
+    if plan.communication is Communication.CLIENT_FACING:
+        reasons.extend(_client_send_blockers(context, task, owner))
+        basis, unapproved = _client_approval(context, task, draft, plan, owner)
+        if unapproved is not None:
+            reasons.append(unapproved)
+    return GateResult(
+        ready=not reasons,
+        communication=plan.communication,
+        plan=plan,
+        reasons=tuple(reasons),
+        approval_basis=basis,
+    )
+
+
+def _task_blockers(context: WorkspaceContext, task: Task, owner: str) -> list[BlockingReason]:
+    """The task must belong to this workspace, pass the licence/grant preflight, and be open."""
     reasons: list[BlockingReason] = []
     if task.workspace_id != context.workspace_id:
         reasons.append(
@@ -220,6 +242,15 @@ def evaluate_send(
                 blocker=Blocker.TASK_CLOSED, detail=f"task {task.task_id} is closed", owner=owner
             )
         )
+    return reasons
+
+
+def _recipient_blockers(
+    plan: RecipientPlan, foreign: ForeignMarkers, owner: str
+) -> list[BlockingReason]:
+    """Someone must be left in To, and every recipient resolved, unconflicted and not another
+    workspace's client."""
+    reasons: list[BlockingReason] = []
     if not plan.to:
         reasons.append(
             BlockingReason(
@@ -263,92 +294,93 @@ def evaluate_send(
                     owner=owner,
                 )
             )
+    return reasons
+
+
+def _content_blockers(
+    draft: DraftFacts, foreign: ForeignMarkers, owner: str
+) -> list[BlockingReason]:
+    """The draft must not name another workspace's client."""
     leaked = foreign_content(f"{draft.subject}\n{draft.text}", foreign)
-    if leaked:
+    if not leaked:
+        return []
+    return [
+        BlockingReason(
+            blocker=Blocker.FOREIGN_CONTENT,
+            detail="the draft names another workspace's client: " + ", ".join(leaked),
+            owner=owner,
+        )
+    ]
+
+
+def _client_send_blockers(
+    context: WorkspaceContext, task: Task, owner: str
+) -> list[BlockingReason]:
+    """A client send waits for the last client reply's read-back, and for the rollout stage
+    to allow client sends."""
+    reasons: list[BlockingReason] = []
+    if task.communication_state is CommunicationState.CLIENT_REPLY_HANDED_OVER:
         reasons.append(
             BlockingReason(
-                blocker=Blocker.FOREIGN_CONTENT,
-                detail="the draft names another workspace's client: " + ", ".join(leaked),
+                blocker=Blocker.REPLY_NOT_READ_BACK,
+                detail="a client reply of this task went out and is not read back yet; "
+                "read_back its send before anything else goes to the client",
                 owner=owner,
             )
         )
-    communication = plan.communication
-    basis: str | None = None
-    if communication is Communication.CLIENT_FACING:
-        if task.communication_state is CommunicationState.CLIENT_REPLY_HANDED_OVER:
-            reasons.append(
-                BlockingReason(
-                    blocker=Blocker.REPLY_NOT_READ_BACK,
-                    detail="a client reply of this task went out and is not read back yet; "
-                    "read_back its send before anything else goes to the client",
-                    owner=owner,
-                )
+    if context.client_send_policy is ClientSendPolicy.SENDS_DISABLED:
+        reasons.append(
+            BlockingReason(
+                blocker=Blocker.SENDS_DISABLED,
+                detail="client_send_policy is sends_disabled (a rollout stage): client-"
+                "facing sends are held; internal work and internal replies continue",
+                owner=owner,
             )
-        if context.client_send_policy is ClientSendPolicy.SENDS_DISABLED:
-            reasons.append(
-                BlockingReason(
-                    blocker=Blocker.SENDS_DISABLED,
-                    detail="client_send_policy is sends_disabled (a rollout stage): client-"
-                    "facing sends are held; internal work and internal replies continue",
-                    owner=owner,
-                )
-            )
-        approved = current_approval(task.approval_requests, task.approval_decisions, draft.digest)
-        if approved is not None and not approver_roles(context, approved.approver):
-            approved = None  # authority is read from the live context, at send time too
-        standing = standing_covers(context, task.message_class)
-        if standing is not None and _changes_requested_for(task, draft.digest):
-            standing = None  # an approver's change request outranks a standing approval
-        outside = [
-            r.address
-            for r in plan.everyone
-            if not r.internal
-            and task.approval_requests
-            and r.address not in task.approval_requests[-1].recipients
-        ]
-        if approved is not None and task.state is TaskState.APPROVED_TO_SEND and not outside:
-            basis = approved.describe()
-        elif standing is not None and task.state in STANDING_STATES:
-            basis = standing
-        elif task.state is TaskState.CHANGES_REQUESTED:
-            reasons.append(
-                BlockingReason(
-                    blocker=Blocker.CHANGES_REQUESTED,
-                    detail="an approver asked for changes; revise the draft and request "
-                    "approval again",
-                    owner=owner,
-                )
-            )
-        elif approved is not None and outside:
-            reasons.append(
-                BlockingReason(
-                    blocker=Blocker.APPROVAL_MISSING,
-                    detail="the approval covers a send to "
-                    + ", ".join(task.approval_requests[-1].recipients)
-                    + ", not to "
-                    + ", ".join(outside)
-                    + "; request approval for these recipients",
-                    owner=owner,
-                )
-            )
-        else:
-            reasons.append(
-                BlockingReason(
-                    blocker=Blocker.APPROVAL_MISSING,
-                    detail=f"no approval in force for draft {draft.draft_id} (digest "
-                    f"{draft.digest[:12]}) from a recorded approver (task is {task.state}), "
-                    "and no standing approval covers this message class; request internal "
-                    "approval",
-                    owner=owner,
-                )
-            )
-    return GateResult(
-        ready=not reasons,
-        communication=communication,
-        plan=plan,
-        reasons=tuple(reasons),
-        approval_basis=basis,
+        )
+    return reasons
+
+
+def _client_approval(
+    context: WorkspaceContext, task: Task, draft: DraftFacts, plan: RecipientPlan, owner: str
+) -> tuple[str | None, BlockingReason | None]:
+    """The approval a client send goes on (an approval of this exact draft to these
+    recipients, or a standing approval), else the reason it is held."""
+    approved = current_approval(task.approval_requests, task.approval_decisions, draft.digest)
+    if approved is not None and not approver_roles(context, approved.approver):
+        approved = None  # authority is read from the live context, at send time too
+    standing = standing_covers(context, task.message_class)
+    if standing is not None and _changes_requested_for(task, draft.digest):
+        standing = None  # an approver's change request outranks a standing approval
+    outside = [
+        r.address
+        for r in plan.everyone
+        if not r.internal
+        and task.approval_requests
+        and r.address not in task.approval_requests[-1].recipients
+    ]
+    if approved is not None and task.state is TaskState.APPROVED_TO_SEND and not outside:
+        return approved.describe(), None
+    if standing is not None and task.state in STANDING_STATES:
+        return standing, None
+    if task.state is TaskState.CHANGES_REQUESTED:
+        detail = "an approver asked for changes; revise the draft and request approval again"
+        return None, BlockingReason(blocker=Blocker.CHANGES_REQUESTED, detail=detail, owner=owner)
+    if approved is not None and outside:
+        detail = (
+            "the approval covers a send to "
+            + ", ".join(task.approval_requests[-1].recipients)
+            + ", not to "
+            + ", ".join(outside)
+            + "; request approval for these recipients"
+        )
+        return None, BlockingReason(blocker=Blocker.APPROVAL_MISSING, detail=detail, owner=owner)
+    detail = (
+        f"no approval in force for draft {draft.draft_id} (digest "
+        f"{draft.digest[:12]}) from a recorded approver (task is {task.state}), "
+        "and no standing approval covers this message class; request internal "
+        "approval"
     )
+    return None, BlockingReason(blocker=Blocker.APPROVAL_MISSING, detail=detail, owner=owner)
 
 
 def preflight(context: WorkspaceContext, mailbox_id: str) -> str | None:

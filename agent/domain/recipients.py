@@ -98,7 +98,6 @@ def classify_recipient(
 ) -> Classified:
     """The class of one address, from the live context and permitted evidence only."""
     wanted = address.strip().lower()
-    flags: list[str] = []
     if not _ADDRESS.match(wanted):
         return Classified(
             address=wanted,
@@ -106,16 +105,23 @@ def classify_recipient(
             evidence=("not a single valid mail address",),
             flags=("malformed address",),
         )
+    flags: list[str] = []
     imitated = lookalike_of(_domain(wanted), known_domains(context))
     if imitated is not None:
         flags.append(f"domain looks like {imitated} but is not it")
-    sides = {c.side for c in context.contacts if c.address == wanted and c.side is not None}
-    contact_evidence = [
-        f"context contact side={c.side.value}"
-        + (f" verified_by={c.verified_by}" if c.verified_by else "")
-        for c in context.contacts
-        if c.address == wanted and c.side is not None
-    ]
+    by_context = _classified_by_context(context, wanted, tuple(flags))
+    if by_context is not None:
+        return by_context
+    return _classified_by_owner_evidence(context, wanted, owner_evidence, tuple(flags))
+
+
+def _classified_by_context(
+    context: WorkspaceContext, wanted: str, flags: tuple[str, ...]
+) -> Classified | None:
+    """The class the live context records: a contact's side, or a role only internal
+    addresses hold; conflicting records leave it unresolved. None when the context is
+    silent."""
+    sides, contact_evidence = _recorded_sides(context, wanted)
     roles = _context_roles(context, wanted)
     if len(sides) > 1:
         return Classified(
@@ -123,7 +129,7 @@ def classify_recipient(
             recipient_class=RecipientClass.UNKNOWN,
             evidence=tuple(contact_evidence),
             conflict="the context lists this address as both internal and client",
-            flags=tuple(flags),
+            flags=flags,
         )
     if sides == {Side.CLIENT}:
         if roles:
@@ -133,20 +139,20 @@ def classify_recipient(
                 evidence=(*contact_evidence, *roles),
                 conflict="a client contact is also recorded in an internal role: "
                 + "; ".join(roles),
-                flags=tuple(flags),
+                flags=flags,
             )
         return Classified(
             address=wanted,
             recipient_class=RecipientClass.CLIENT,
             evidence=tuple(contact_evidence),
-            flags=tuple(flags),
+            flags=flags,
         )
     if sides == {Side.INTERNAL}:
         return Classified(
             address=wanted,
             recipient_class=RecipientClass.INTERNAL,
             evidence=(*contact_evidence, *roles),
-            flags=tuple(flags),
+            flags=flags,
         )
     if roles:
         # No side recorded, but the live context itself establishes the address as internal.
@@ -154,15 +160,38 @@ def classify_recipient(
             address=wanted,
             recipient_class=RecipientClass.INTERNAL,
             evidence=tuple(roles),
-            flags=tuple(flags),
+            flags=flags,
         )
+    return None
+
+
+def _recorded_sides(context: WorkspaceContext, wanted: str) -> tuple[set[Side], list[str]]:
+    """The sides the context's contacts record for the address, with their evidence."""
+    sides = {c.side for c in context.contacts if c.address == wanted and c.side is not None}
+    contact_evidence = [
+        f"context contact side={c.side.value}"
+        + (f" verified_by={c.verified_by}" if c.verified_by else "")
+        for c in context.contacts
+        if c.address == wanted and c.side is not None
+    ]
+    return sides, contact_evidence
+
+
+def _classified_by_owner_evidence(
+    context: WorkspaceContext,
+    wanted: str,
+    owner_evidence: Sequence[OwnerEvidence],
+    flags: tuple[str, ...],
+) -> Classified:
+    """An address the context does not classify is internal on verified task/owner evidence
+    where the context permits that; else it is UNKNOWN."""
     owned = [e.evidence for e in owner_evidence if e.address.strip().lower() == wanted]
     if owned and context.classification.task_owner_evidence:
         return Classified(
             address=wanted,
             recipient_class=RecipientClass.INTERNAL,
             evidence=tuple(f"verified task/owner evidence: {e}" for e in owned),
-            flags=tuple(flags),
+            flags=flags,
         )
     why = "not classified by the workspace context"
     if owned:
@@ -174,7 +203,7 @@ def classify_recipient(
         address=wanted,
         recipient_class=RecipientClass.UNKNOWN,
         evidence=(why,),
-        flags=tuple(flags),
+        flags=flags,
     )
 
 
@@ -227,36 +256,62 @@ def build_recipients(
     removed: list[Removed] = []
     seen: set[str] = set()
     mine = own_addresses(context)
+    to_kept = _kept(context, to, seen, mine, removed, internal_only, owner_evidence)
+    cc_kept = _kept(context, cc, seen, mine, removed, internal_only, owner_evidence)
+    added = _add_default_cc(context, seen, mine, removed, owner_evidence, cc_kept)
+    return RecipientPlan(
+        to=tuple(to_kept), cc=tuple(cc_kept), removed=tuple(removed), added_default_cc=tuple(added)
+    )
 
-    def take(addresses: Iterable[str]) -> list[Classified]:
-        kept: list[Classified] = []
-        for raw in addresses:
-            wanted = raw.strip().lower()
-            if wanted in seen:
-                continue
-            seen.add(wanted)
-            if wanted in mine:
-                removed.append(Removed(address=wanted, reason="the workspace's own mailbox"))
-                continue
-            classified = classify_recipient(context, wanted, owner_evidence)
-            if internal_only and not classified.internal:
-                removed.append(
-                    Removed(
-                        address=wanted,
-                        reason="internal-only communication: recipient is "
-                        + (
-                            f"unresolved ({classified.conflict})"
-                            if classified.conflict
-                            else classified.recipient_class.value
-                        ),
-                    )
+
+def _kept(
+    context: WorkspaceContext,
+    addresses: Iterable[str],
+    seen: set[str],
+    mine: set[str],
+    removed: list[Removed],
+    internal_only: bool,
+    owner_evidence: Sequence[OwnerEvidence],
+) -> list[Classified]:
+    """The given addresses, each once, classified: the workspace's own mailbox is removed,
+    and so is anyone not verified internal from internal-only communication."""
+    kept: list[Classified] = []
+    for raw in addresses:
+        wanted = raw.strip().lower()
+        if wanted in seen:
+            continue
+        seen.add(wanted)
+        if wanted in mine:
+            removed.append(Removed(address=wanted, reason="the workspace's own mailbox"))
+            continue
+        classified = classify_recipient(context, wanted, owner_evidence)
+        if internal_only and not classified.internal:
+            removed.append(
+                Removed(
+                    address=wanted,
+                    reason="internal-only communication: recipient is "
+                    + (
+                        f"unresolved ({classified.conflict})"
+                        if classified.conflict
+                        else classified.recipient_class.value
+                    ),
                 )
-                continue
-            kept.append(classified)
-        return kept
+            )
+            continue
+        kept.append(classified)
+    return kept
 
-    to_kept = take(to)
-    cc_kept = take(cc)
+
+def _add_default_cc(
+    context: WorkspaceContext,
+    seen: set[str],
+    mine: set[str],
+    removed: list[Removed],
+    owner_evidence: Sequence[OwnerEvidence],
+    cc_kept: list[Classified],
+) -> list[str]:
+    """Add the context's default CCs not already there, only those verified internal; the
+    addresses added."""
     added: list[str] = []
     for address in context.default_cc:
         if address in seen or address in mine:
@@ -274,6 +329,4 @@ def build_recipients(
             continue
         cc_kept.append(classified)
         added.append(address)
-    return RecipientPlan(
-        to=tuple(to_kept), cc=tuple(cc_kept), removed=tuple(removed), added_default_cc=tuple(added)
-    )
+    return added

@@ -33,7 +33,7 @@ from agent.domain.states import (
     after_inbound,
     check_transition,
 )
-from agent.domain.task import Gate, ReadinessTier, Task
+from agent.domain.task import Gate, NextAction, ReadinessTier, Task
 
 
 def readiness(task: Task) -> ReadinessTier:
@@ -60,9 +60,37 @@ def apply_report(
 ) -> tuple[Task, Disposition]:
     """The task after the report, and the disposition the item really gets."""
     update = update or TaskUpdate()
+    decided = _approval_target(task, update.approval_decision)
+    gates = _gates_after(task, update, decided, now)
+    settled = settle(disposition, frozenset(g.kind for g in gates))
+    wanted, resume, next_action = _wanted(task, update, disposition, settled, decided, gates)
+    state, blocked_by = _moved(task, key, retrying, wanted, resume)
+    resumed = state is not task.state
+    changes: dict[str, Any] = {
+        "execution_key": key,
+        "execution_result": detail or None,
+        "execution_outcome": settled.value,
+        "updated_at": now,
+        "open_gates": gates,
+        "blocked_by": blocked_by,
+        "state": state,
+    }
+    if next_action is not None and (resumed or not update.resume_on_inbound):
+        changes["next_action"] = next_action
+    if resumed:
+        changes["state_since"] = now
+    changes.update(_recorded(task, update))
+    reported = task.model_copy(update=changes)
+    return reported.model_copy(update={"readiness_tier": readiness(reported)}), settled
+
+
+def _gates_after(
+    task: Task, update: TaskUpdate, decided: TaskState | None, now: datetime
+) -> tuple[Gate, ...]:
+    """The open gates plus the report's new kinds; an approval clears the approval gate and
+    an approver's reservation puts one back."""
     kinds = {g.kind for g in task.open_gates}
     gates = (*task.open_gates, *(g for g in update.add_gates if g.kind not in kinds))
-    decided = _approval_target(task, update.approval_decision)
     if decided is TaskState.APPROVED_TO_SEND:
         gates = tuple(g for g in gates if g.kind is not GateKind.INTERNAL_APPROVAL)
     elif decided is TaskState.WAITING_INTERNAL_APPROVAL and not any(
@@ -77,11 +105,22 @@ def apply_report(
                 reason="an approver's reservation suspended the approval",
             ),
         )
-    settled = settle(disposition, frozenset(g.kind for g in gates))
-    next_action = update.next_action
+    return gates
 
+
+def _wanted(
+    task: Task,
+    update: TaskUpdate,
+    disposition: Disposition,
+    settled: Disposition,
+    decided: TaskState | None,
+    gates: tuple[Gate, ...],
+) -> tuple[TaskState | None, bool, NextAction | None]:
+    """The state the report asks for, whether the task resumes on the inbound message, and
+    the next action: never a close while a gate is open."""
     wanted: TaskState | None
     resume = update.resume_on_inbound
+    next_action = update.next_action
     if update.sole_message is not None and any(
         m.provider_message_id != update.sole_message for m in task.messages
     ):
@@ -95,7 +134,14 @@ def apply_report(
         wanted, resume = decided, False
     if wanted in TERMINAL_STATES and gates:
         wanted = None  # an open gate never lets a report close the task
+    return wanted, resume, next_action
 
+
+def _moved(
+    task: Task, key: str, retrying: bool, wanted: TaskState | None, resume: bool
+) -> tuple[TaskState, tuple[str, ...]]:
+    """The state the task moves to, and the retries it stays blocked on: a retry blocks it,
+    and the last retry to report unblocks it."""
     state = task.state
     blocked_by = tuple(task.blocked_by)
     if retrying:
@@ -115,28 +161,20 @@ def apply_report(
         if state is TaskState.BLOCKED_RETRY_PENDING and blocked_by:
             target = None  # still waiting for another retry
         target = _allowed(state, target)
-
     if target is not None and target is not state:
         check_transition(state, target)
         state = target
-    resumed = state is not task.state
-    changes: dict[str, Any] = {
-        "execution_key": key,
-        "execution_result": detail or None,
-        "execution_outcome": settled.value,
-        "updated_at": now,
-        "open_gates": gates,
-        "blocked_by": blocked_by,
-        "state": state,
-    }
-    if next_action is not None and (resumed or not update.resume_on_inbound):
-        changes["next_action"] = next_action
+    return state, blocked_by
+
+
+def _recorded(task: Task, update: TaskUpdate) -> dict[str, Any]:
+    """What the report records on the task besides its state: benchmarks, remaining work,
+    the approver's decision, the requester, display facts and the communication state."""
+    changes: dict[str, Any] = {}
     if update.provisional_basis is not None:
         changes["provisional_basis"] = {**task.provisional_basis, **update.provisional_basis}
     if update.remaining_work is not None:
         changes["remaining_work"] = update.remaining_work
-    if resumed:
-        changes["state_since"] = now
     if update.approval_decision is not None:
         changes["approval_decisions"] = (*task.approval_decisions, update.approval_decision)
         changes["approval_evidence"] = (
@@ -159,8 +197,7 @@ def apply_report(
         )
     if update.communication_state is not None:
         changes["communication_state"] = update.communication_state
-    reported = task.model_copy(update=changes)
-    return reported.model_copy(update={"readiness_tier": readiness(reported)}), settled
+    return changes
 
 
 def _approval_target(task: Task, decision: ApprovalDecision | None) -> TaskState | None:
@@ -209,6 +246,20 @@ def apply_amendment(task: Task, amendment: TaskAmendment, now: datetime) -> Task
         r.internet_message_id != request.internet_message_id for r in task.approval_requests
     ):
         changes["approval_requests"] = (*task.approval_requests, request)
+    changes.update(_amended_fields(amendment))
+    if amendment.sent_message is not None:
+        known = {m.provider_message_id for m in task.messages}
+        if amendment.sent_message.provider_message_id not in known:
+            changes["messages"] = (*task.messages, amendment.sent_message)
+    amended = task.model_copy(update=changes)
+    if amended.state in TERMINAL_STATES and amended.open_gates:
+        raise TransitionError(f"task {task.task_id} cannot close with open gates")
+    return amended.model_copy(update={"readiness_tier": readiness(amended)})
+
+
+def _amended_fields(amendment: TaskAmendment) -> dict[str, Any]:
+    """The fields an amendment sets outright (each only when it names a value)."""
+    changes: dict[str, Any] = {}
     if amendment.communication_state is not None:
         changes["communication_state"] = amendment.communication_state
     if amendment.requester_loop_closed is not None:
@@ -225,11 +276,4 @@ def apply_amendment(task: Task, amendment: TaskAmendment, now: datetime) -> Task
         changes["recipients"] = tuple(Address(address=a) for a in amendment.recipients)
     if amendment.readback_evidence is not None:
         changes["readback_evidence"] = amendment.readback_evidence
-    if amendment.sent_message is not None:
-        known = {m.provider_message_id for m in task.messages}
-        if amendment.sent_message.provider_message_id not in known:
-            changes["messages"] = (*task.messages, amendment.sent_message)
-    amended = task.model_copy(update=changes)
-    if amended.state in TERMINAL_STATES and amended.open_gates:
-        raise TransitionError(f"task {task.task_id} cannot close with open gates")
-    return amended.model_copy(update={"readiness_tier": readiness(amended)})
+    return changes

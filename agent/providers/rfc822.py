@@ -264,31 +264,13 @@ def normalize(
     ``thread_id_for(message_id, in_reply_to, references)`` is the provider's own threading.
     """
     parsed = parse(raw)
-    ids = header_ids(parsed, "Message-ID")
-    internet_message_id = ids[0] if ids else None
-    if internet_message_id is None:
-        parsed.notes.append("no Message-ID: the provider message id identifies the occurrence")
-    in_reply_to_ids = header_ids(parsed, "In-Reply-To")
-    in_reply_to = in_reply_to_ids[0] if in_reply_to_ids else None
-    references = header_ids(parsed, "References")
-    senders = _sender(parsed)
-    if not senders:
-        parsed.notes.append("no readable sender address")
-    received_at = received_time(parsed)
-    if received_at is None:
-        parsed.notes.append("no readable Date or Received time: the delivery time is used")
-        received_at = fallback_received_at
+    internet_message_id, in_reply_to, references = _threading(parsed)
+    sender = _one_sender(parsed)
+    received_at = _received_at(parsed, fallback_received_at)
     subject = parsed.header("Subject") or ""
-    depth = mime_depth(parsed.message)
-    if depth > 20:
-        parsed.notes.append(f"MIME nesting {depth} levels deep")
-    parts = list(_attachment_parts(parsed.message))
-    attachments = tuple(f"{provider_message_id}/{i}" for i in range(len(parts)))
-    names = tuple(_attachment_name(part, i) for i, part in enumerate(parts))
-    auto_submitted = parsed.header("Auto-Submitted")
-    if auto_submitted is None and _legacy_autoreply(parsed):
-        auto_submitted = "auto-replied"
-        parsed.notes.append("legacy auto-reply header read as Auto-Submitted: auto-replied")
+    _note_deep_nesting(parsed)
+    attachments, names = _attachments(parsed.message, provider_message_id)
+    auto_submitted = _auto_submitted(parsed)
     report_type, reported, report_failed = _delivery_report(parsed.message)
     return Envelope(
         provider=provider,
@@ -299,7 +281,7 @@ def normalize(
         in_reply_to=in_reply_to,
         references=references,
         received_at=received_at,
-        sender=senders[0] if senders else Address(address="unknown-sender@invalid"),
+        sender=sender,
         to=_addresses(parsed, "To"),
         cc=_addresses(parsed, "Cc"),
         subject=subject,
@@ -312,14 +294,75 @@ def normalize(
         auto_submitted=auto_submitted,
         precedence=parsed.header("Precedence"),
         list_id=parsed.header("List-Id"),
-        content_digest=content_digest(
-            parsed.header("From") or "",
-            parsed.header("Date") or "",
-            subject,
-            internet_message_id or "",
-            _body_bytes(raw),
-        ),
+        content_digest=_content_digest(parsed, subject, internet_message_id, raw),
         normalization_notes=tuple(dict.fromkeys(parsed.notes)),
+    )
+
+
+def _threading(parsed: Parsed) -> tuple[str | None, str | None, tuple[str, ...]]:
+    """The message's own Message-ID, the one it answers, and its References."""
+    ids = header_ids(parsed, "Message-ID")
+    internet_message_id = ids[0] if ids else None
+    if internet_message_id is None:
+        parsed.notes.append("no Message-ID: the provider message id identifies the occurrence")
+    in_reply_to_ids = header_ids(parsed, "In-Reply-To")
+    in_reply_to = in_reply_to_ids[0] if in_reply_to_ids else None
+    return internet_message_id, in_reply_to, header_ids(parsed, "References")
+
+
+def _one_sender(parsed: Parsed) -> Address:
+    """The one sender address, or a placeholder that matches no one."""
+    senders = _sender(parsed)
+    if not senders:
+        parsed.notes.append("no readable sender address")
+    return senders[0] if senders else Address(address="unknown-sender@invalid")
+
+
+def _received_at(parsed: Parsed, fallback: datetime) -> datetime:
+    """The delivery time the message states, else the time the provider gives."""
+    received_at = received_time(parsed)
+    if received_at is None:
+        parsed.notes.append("no readable Date or Received time: the delivery time is used")
+        received_at = fallback
+    return received_at
+
+
+def _note_deep_nesting(parsed: Parsed) -> None:
+    """Absurd MIME nesting is noted."""
+    depth = mime_depth(parsed.message)
+    if depth > 20:
+        parsed.notes.append(f"MIME nesting {depth} levels deep")
+
+
+def _attachments(
+    message: EmailMessage, provider_message_id: str
+) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """Each attachment's reference and its name."""
+    parts = list(_attachment_parts(message))
+    refs = tuple(f"{provider_message_id}/{i}" for i in range(len(parts)))
+    names = tuple(_attachment_name(part, i) for i, part in enumerate(parts))
+    return refs, names
+
+
+def _auto_submitted(parsed: Parsed) -> str | None:
+    """The Auto-Submitted header, with a legacy auto-reply header read as one."""
+    auto_submitted = parsed.header("Auto-Submitted")
+    if auto_submitted is None and _legacy_autoreply(parsed):
+        auto_submitted = "auto-replied"
+        parsed.notes.append("legacy auto-reply header read as Auto-Submitted: auto-replied")
+    return auto_submitted
+
+
+def _content_digest(
+    parsed: Parsed, subject: str, internet_message_id: str | None, raw: bytes
+) -> str:
+    """The digest that tells copies of one message apart from different messages."""
+    return content_digest(
+        parsed.header("From") or "",
+        parsed.header("Date") or "",
+        subject,
+        internet_message_id or "",
+        _body_bytes(raw),
     )
 
 

@@ -229,41 +229,61 @@ def verify_read_back(
 
 
 def _verify_html(rendered: RenderedMessage, html: str) -> list[Check]:
-    checks: list[Check] = []
+    """The stored HTML displays as rendered: its wrapper, every block, every isolated
+    fragment, and the text."""
     tree = LexborHTMLParser(html)
     root = tree.body or tree.root
     if root is None:
         return [Check(name="html", ok=False, detail="the stored HTML has no body")]
     elements, texts = _elements(root)
-
-    # The wrapper: the outermost element that holds the whole message and sets its direction.
     expected_text = _rendered_text(rendered)
-    # (the innermost such element: a provider's own wrapper around it may say anything)
+    wrapper = _wrapper(rendered, elements, expected_text)
+    holder = wrapper or root
+    checks = [
+        *_wrapper_checks(rendered, wrapper, holder),
+        _blocks_check(rendered, elements),
+        _fragments_check(rendered, elements, texts),
+        _body_text_check(expected_text, wrapper, holder, texts),
+    ]
+    # A passing check carries no detail: its detail text describes a failure.
+    return [c if not c.ok else c.model_copy(update={"detail": ""}) for c in checks]
+
+
+def _wrapper(
+    rendered: RenderedMessage, elements: list[_Element], expected_text: str
+) -> LexborNode | None:
+    """The wrapper: the element that holds the whole message and sets its direction (the
+    innermost such element: a provider's own wrapper around it may say anything)."""
     want_dir = rendered.direction.value
     holding = [e for e in elements if e.text == expected_text and _attr(e.node, "dir") == want_dir]
-    wrapper = max(holding, key=lambda e: e.depth).node if holding else None
-    holder = wrapper or root
-    checks.append(
+    return max(holding, key=lambda e: e.depth).node if holding else None
+
+
+def _wrapper_checks(
+    rendered: RenderedMessage, wrapper: LexborNode | None, holder: LexborNode
+) -> list[Check]:
+    """The wrapper sets the message's direction, language and alignment."""
+    lang = _language(holder) or ""
+    want_lang = rendered.language.lower()
+    lang_ok = lang == want_lang or lang.split("-")[0] == want_lang.split("-")[0]
+    return [
         Check(
             name="wrapper.direction",
             ok=wrapper is not None and displayed_direction(holder) is rendered.direction,
             detail=f"no element holding the message sets dir={rendered.direction.value!r}; "
             f"it displays {displayed_direction(holder).value}",
-        )
-    )
-    lang = _language(holder) or ""
-    want_lang = rendered.language.lower()
-    lang_ok = lang == want_lang or lang.split("-")[0] == want_lang.split("-")[0]
-    checks.append(Check(name="wrapper.lang", ok=lang_ok, detail=f"lang is {lang or 'missing'!r}"))
-    checks.append(
+        ),
+        Check(name="wrapper.lang", ok=lang_ok, detail=f"lang is {lang or 'missing'!r}"),
         Check(
             name="wrapper.alignment",
             ok=displayed_alignment(holder, rendered.direction) == rendered.direction.align,
             detail=f"aligned {displayed_alignment(holder, rendered.direction)}",
-        )
-    )
+        ),
+    ]
 
-    # Every block displays in its own direction, aligned to its start.
+
+def _blocks_check(rendered: RenderedMessage, elements: list[_Element]) -> Check:
+    """Every block displays in its own direction, aligned to its start."""
     wrong: list[str] = []
     for block in rendered.blocks:
         node = _innermost_with_text(elements, block.text)
@@ -274,9 +294,13 @@ def _verify_html(rendered: RenderedMessage, html: str) -> list[Check]:
         aligned = displayed_alignment(node, shown)
         if shown is not block.direction or aligned != block.direction.align:
             wrong.append(f"{block.text[:40]!r} displays {shown.value}, aligned {aligned}")
-    checks.append(Check(name="blocks", ok=not wrong, detail="; ".join(wrong)))
+    return Check(name="blocks", ok=not wrong, detail="; ".join(wrong))
 
-    # Every isolated fragment is present, whole, inside a left-to-right isolate.
+
+def _fragments_check(
+    rendered: RenderedMessage, elements: list[_Element], texts: dict[int, str]
+) -> Check:
+    """Every isolated fragment is present, whole, inside a left-to-right isolate."""
     want = Counter(f.text for f in rendered.fragments)
     found: Counter[str] = Counter()
     wanted = {squash(f): f for f in want}
@@ -295,25 +319,24 @@ def _verify_html(rendered: RenderedMessage, html: str) -> list[Check]:
         ):
             found[fragment] += 1
     missing = [f"{f!r} x{n - found[f]}" for f, n in want.items() if found[f] < n]
-    checks.append(
-        Check(
-            name="fragments",
-            ok=not missing,
-            detail="missing, split or not isolated: " + ", ".join(missing),
-        )
+    return Check(
+        name="fragments",
+        ok=not missing,
+        detail="missing, split or not isolated: " + ", ".join(missing),
     )
 
+
+def _body_text_check(
+    expected_text: str, wrapper: LexborNode | None, holder: LexborNode, texts: dict[int, str]
+) -> Check:
+    """The text the message displays is the rendered text, modulo whitespace."""
     got_text = texts.get(holder.mem_id) if wrapper is not None else None
     got_text = got_text if got_text is not None else squash(_text(holder))
-    checks.append(
-        Check(
-            name="body_text",
-            ok=got_text == expected_text,
-            detail=_first_difference(expected_text, got_text),
-        )
+    return Check(
+        name="body_text",
+        ok=got_text == expected_text,
+        detail=_first_difference(expected_text, got_text),
     )
-    # A passing check carries no detail: its detail text describes a failure.
-    return [c if not c.ok else c.model_copy(update={"detail": ""}) for c in checks]
 
 
 def _rendered_text(rendered: RenderedMessage) -> str:

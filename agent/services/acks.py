@@ -19,11 +19,11 @@ from agent.domain.headers import msg_id, references_for
 from agent.domain.mail import OutgoingMessage
 from agent.domain.records import SendIntent
 from agent.domain.task import CommunicationState, Task
-from agent.ports import Clock, MailProvider, Store
+from agent.ports import Clock, MailProvider
 from agent.rendering.render import render_message, reply_subject
 from agent.services.approvals import reply_text
 from agent.services.classify import Triage
-from agent.services.outbound import SendStatus, outgoing, send_once
+from agent.services.outbound import OutboundStore, SendStatus, outgoing, send_once
 
 
 def _routine(envelope: Envelope, verdict: Triage) -> bool:
@@ -65,7 +65,7 @@ def ack_message(
 
 
 async def acknowledge(
-    store: Store,
+    store: OutboundStore,
     context: WorkspaceContext,
     envelope: Envelope,
     task: Task,

@@ -9,6 +9,7 @@ and the server judges it (approver role, same task and draft, explicit wording).
 from __future__ import annotations
 
 import html
+from datetime import datetime
 
 from agent.domain.approval import (
     ApprovalDecision,
@@ -32,12 +33,13 @@ from agent.domain.records import TaskAmendment
 from agent.domain.states import TaskState
 from agent.domain.task import CommunicationState, Gate, NextAction, Task
 from agent.domain.untrusted import flag
-from agent.ports import Clock, MailProvider, Store
+from agent.ports import Clock, Drafts, MailProvider, Tasks
 from agent.rendering.render import RenderedMessage
 from agent.rendering.text import html_risk, visible_text
 from agent.services.drafts import keep_draft, load_draft
-from agent.services.gate_check import load_task
-from agent.services.outbound import SendStatus, outgoing, send_once, sent_ref
+from agent.services.gate_check import GateReads, load_task
+from agent.services.outbound import SendOutcome, SendStatus, outgoing, send_once, sent_ref
+from agent.services.replies import ReplyStore
 from agent.services.workspaces import load_context
 
 
@@ -80,7 +82,7 @@ def _request_html(task: Task, draft: RenderedMessage, to: str) -> str:
 
 
 async def request_approval(
-    store: Store,
+    store: ReplyStore,
     provider: MailProvider,
     task_id: str,
     draft_id: str,
@@ -92,34 +94,12 @@ async def request_approval(
     WAITING_INTERNAL_APPROVAL. The task must be DRAFT_READY."""
     task = load_task(store, task_id)
     context: WorkspaceContext = load_context(store, task.workspace_id)
-    if task.state is not TaskState.DRAFT_READY:
-        raise GateRefused(
-            f"task {task_id} is {task.state}; approval is requested for a task in DRAFT_READY "
-            "(transition it there once the draft is ready)"
-        )
-    if (failed := preflight(context, task.mailbox_id)) is not None:
-        raise GateRefused(f"licence/grant preflight failed: {failed}; nothing is sent")
-    clients = tuple(dict.fromkeys(a.strip().lower() for a in client_recipients if a.strip()))
-    if not clients:
-        raise GateRefused(
-            "name the client recipients the draft is for: an approval covers a send to "
-            "exactly those recipients"
-        )
-    plan = build_recipients(context, to=approvers(context), internal_only=True)
-    if not plan.to:
-        raise GateRefused(
-            "no verified internal contact holds an approval role ("
-            + ", ".join(context.approval.roles)
-            + "); record one in the workspace context"
-        )
+    _require_requestable(context, task, task_id)
+    clients = _named_clients(client_recipients)
+    to, cc = _approver_addresses(context)
     digest = draft_digest(draft.subject, draft.html, draft.text)
     keep_draft(store, task, draft_id, draft, clock)  # a reply's quotes are read against it
-    # Each request is its own message (asking again for the same draft after changes were
-    # requested is a new request); a retry of the same call finds the same key.
-    key = f"approval|{task_id}|{len(task.approval_requests) + 1}|{draft_id}|{digest}|" + ",".join(
-        sorted(clients)
-    )
-    to, cc = plan.addresses()
+    key = _request_key(task, task_id, draft_id, digest, clients)
     shown_to = ", ".join(clients)
     intent, message = outgoing(
         key=key,
@@ -133,7 +113,6 @@ async def request_approval(
         text=_request_text(task, draft, shown_to, _shown_flags(task)),
         html=_request_html(task, draft, shown_to),
     )
-    mid = intent.internet_message_id
     outcome = await send_once(store, provider, intent, message, clock)
     if outcome.status is SendStatus.IN_PROGRESS:
         raise GateRefused(f"the approval request {key} is being sent by another worker")
@@ -141,13 +120,74 @@ async def request_approval(
     request = ApprovalRequest(
         draft_id=draft_id,
         draft_digest=digest,
-        internet_message_id=mid,
+        internet_message_id=intent.internet_message_id,
         provider_thread_id=outcome.result.provider_thread_id if outcome.result else "",
         approvers=to,
         sent_at=outcome.record.sent_at or now,
         recipients=clients,
         shown_flags=_shown_flags(task),
     )
+    _record_request(store, task, task_id, request, key, outcome, now)
+    return request
+
+
+def _require_requestable(context: WorkspaceContext, task: Task, task_id: str) -> None:
+    """Approval is requested for a task in DRAFT_READY whose licence/grant preflight passes."""
+    if task.state is not TaskState.DRAFT_READY:
+        raise GateRefused(
+            f"task {task_id} is {task.state}; approval is requested for a task in DRAFT_READY "
+            "(transition it there once the draft is ready)"
+        )
+    if (failed := preflight(context, task.mailbox_id)) is not None:
+        raise GateRefused(f"licence/grant preflight failed: {failed}; nothing is sent")
+
+
+def _named_clients(client_recipients: tuple[str, ...]) -> tuple[str, ...]:
+    """The client recipients the approval covers, normalized; at least one is named."""
+    clients = tuple(dict.fromkeys(a.strip().lower() for a in client_recipients if a.strip()))
+    if not clients:
+        raise GateRefused(
+            "name the client recipients the draft is for: an approval covers a send to "
+            "exactly those recipients"
+        )
+    return clients
+
+
+def _approver_addresses(context: WorkspaceContext) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """The request's To and Cc: verified internal contacts holding an approval role."""
+    plan = build_recipients(context, to=approvers(context), internal_only=True)
+    if not plan.to:
+        raise GateRefused(
+            "no verified internal contact holds an approval role ("
+            + ", ".join(context.approval.roles)
+            + "); record one in the workspace context"
+        )
+    return plan.addresses()
+
+
+def _request_key(
+    task: Task, task_id: str, draft_id: str, digest: str, clients: tuple[str, ...]
+) -> str:
+    """The request's send key. Each request is its own message (asking again for the same
+    draft after changes were requested is a new request); a retry of the same call finds the
+    same key."""
+    return f"approval|{task_id}|{len(task.approval_requests) + 1}|{draft_id}|{digest}|" + ",".join(
+        sorted(clients)
+    )
+
+
+def _record_request(
+    store: Tasks,
+    task: Task,
+    task_id: str,
+    request: ApprovalRequest,
+    key: str,
+    outcome: SendOutcome,
+    now: datetime,
+) -> None:
+    """The task waits in WAITING_INTERNAL_APPROVAL behind an approval gate, recording the
+    request and its sent message."""
+    owners = ", ".join(request.approvers)
     store.amend_task(
         task_id,
         TaskAmendment(
@@ -157,21 +197,21 @@ async def request_approval(
             add_gates=(
                 Gate(
                     kind=GateKind.INTERNAL_APPROVAL,
-                    owner=", ".join(to),
+                    owner=owners,
                     since=now,
-                    reason=f"draft {draft_id} awaits approval by a recorded approver",
+                    reason=f"draft {request.draft_id} awaits approval by a recorded approver",
                 ),
             ),
             approval_request=request,
             communication_state=CommunicationState.DRAFT_AWAITING_APPROVAL,
             next_action=NextAction(
-                description=f"approve or request changes to draft {draft_id}", owner=", ".join(to)
+                description=f"approve or request changes to draft {request.draft_id}",
+                owner=owners,
             ),
             sent_message=sent_ref(outcome, "approval_request", task.mailbox_id, now),
         ),
         now,
     )
-    return request
 
 
 async def reply_parts(provider: MailProvider, body_ref: str) -> tuple[tuple[str, ...], str | None]:
@@ -192,7 +232,7 @@ async def reply_text(provider: MailProvider, body_ref: str) -> tuple[str, ...]:
     return texts
 
 
-def _request_as_sent(store: Store, task: Task, request: ApprovalRequest) -> str:
+def _request_as_sent(store: Drafts, task: Task, request: ApprovalRequest) -> str:
     """The approval request's words as it was sent (its text and the visible text of its
     HTML), built again from the draft it carried: quoted history in a reply is compared with
     them. Empty when the draft is gone, so nothing quoted can be taken for the request."""
@@ -216,7 +256,7 @@ def _in_approval_thread(task: Task, envelope: Envelope) -> bool:
 
 
 async def judge_inbound(
-    store: Store,
+    store: Drafts,
     context: WorkspaceContext,
     task: Task,
     envelope: Envelope,
@@ -268,7 +308,7 @@ def _bare_id(message_id: str) -> str:
 
 
 def record_approval(
-    store: Store,
+    store: GateReads,
     task_id: str,
     clock: Clock,
     *,
@@ -293,17 +333,40 @@ def record_approval(
         )
     task = load_task(store, task_id)
     if message_id is not None:
-        wanted = _bare_id(message_id)
-        found = [d for d in task.approval_decisions if _bare_id(d.evidence_message_id) == wanted]
-        if not found:
-            raise GateRefused(
-                f"no approver's reply {message_id} is recorded on task {task_id}. A reply counts "
-                "only once intake has taken it in (call intake, then claim its item) and only "
-                "in this task's own approval thread; the server judges it, not the caller"
-            )
-        return task, found[-1].describe()
+        return task, _recorded_decision(task, task_id, message_id)
     assert standing_class is not None
     context = load_context(store, task.workspace_id)
+    basis = _standing_basis(context, task, task_id, standing_class)
+    task = store.amend_task(
+        task_id,
+        TaskAmendment(
+            event=f"approved to send: {basis}",
+            expect_states=(TaskState.DRAFT_READY,),
+            state=TaskState.APPROVED_TO_SEND,
+        ),
+        clock.now(),
+    )
+    return task, basis
+
+
+def _recorded_decision(task: Task, task_id: str, message_id: str) -> str:
+    """What intake decided about this approver's reply, as recorded on the task."""
+    wanted = _bare_id(message_id)
+    found = [d for d in task.approval_decisions if _bare_id(d.evidence_message_id) == wanted]
+    if not found:
+        raise GateRefused(
+            f"no approver's reply {message_id} is recorded on task {task_id}. A reply counts "
+            "only once intake has taken it in (call intake, then claim its item) and only "
+            "in this task's own approval thread; the server judges it, not the caller"
+        )
+    return found[-1].describe()
+
+
+def _standing_basis(
+    context: WorkspaceContext, task: Task, task_id: str, standing_class: str
+) -> str:
+    """The standing approval that covers the task: recorded in the context for the message
+    class the server gave the task, on a DRAFT_READY task no approver asked changes on."""
     basis = standing_covers(context, standing_class)
     if basis is None:
         raise GateRefused(
@@ -326,13 +389,4 @@ def record_approval(
             "an approver asked for changes on this task; a standing approval does not "
             "override that: request internal approval for the revised draft"
         )
-    task = store.amend_task(
-        task_id,
-        TaskAmendment(
-            event=f"approved to send: {basis}",
-            expect_states=(TaskState.DRAFT_READY,),
-            state=TaskState.APPROVED_TO_SEND,
-        ),
-        clock.now(),
-    )
-    return task, basis
+    return basis

@@ -11,7 +11,7 @@ from agent.domain.envelope import Envelope, work_key
 from agent.domain.execution import ExecutionRecord, contest
 from agent.domain.records import ClaimRequest, ClaimResult, EscalationDraft, TaskDraft
 from agent.domain.task import MessageRef, NextAction, new_task_id, normalize_subject
-from agent.ports import Store
+from agent.ports import Claims
 from agent.services.holder import holder_alive
 
 PACKAGE_VERSION = "outloop-0.1.0"
@@ -64,7 +64,7 @@ class Lookahead:
     decided by the store's insert.
     """
 
-    def __init__(self, store: Store, keys: Sequence[str], size: int = 64) -> None:
+    def __init__(self, store: Claims, keys: Sequence[str], size: int = 64) -> None:
         self._store = store
         self._keys = keys
         self._size = size
@@ -82,7 +82,7 @@ class Lookahead:
 
 
 def claim_occurrence(
-    store: Store,
+    store: Claims,
     request: ClaimRequest,
     make_draft: Callable[[], TaskDraft | EscalationDraft],
     now: datetime,

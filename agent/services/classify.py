@@ -11,7 +11,7 @@ docs/gates.md has the routing table; each row is a test in tests/services/test_r
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 
 from agent.domain import gates
@@ -27,8 +27,13 @@ from agent.domain.dispositions import (
 )
 from agent.domain.envelope import Envelope
 from agent.domain.gates import clarification_request, unaccepted_attachments
-from agent.domain.noise import NoiseKind, noise
-from agent.domain.recipients import RecipientClass, classify_recipient, own_addresses
+from agent.domain.noise import Noise, NoiseKind, noise
+from agent.domain.recipients import (
+    Classified,
+    RecipientClass,
+    classify_recipient,
+    own_addresses,
+)
 from agent.domain.records import TaskUpdate
 from agent.domain.states import TaskState, after_inbound
 from agent.domain.task import Gate, NextAction, Task
@@ -94,6 +99,21 @@ def _new_work(
     )
 
 
+@dataclass
+class _Route:
+    """Where triage sends an item, before the gates that hold it are added."""
+
+    state: TaskState
+    disposition: Disposition
+    next_action: NextAction | None
+    gates: list[Gate] = field(default_factory=list[Gate])
+    detail: str = ""
+    joins_only: bool = False
+    """The message joins its thread and resumes nothing (a colleague's note to a task that
+    waits on the client)."""
+    provisional: dict[str, str] | None = None
+
+
 def triage(
     context: WorkspaceContext,
     envelope: Envelope,
@@ -103,17 +123,66 @@ def triage(
     now: datetime,
     approval: ApprovalDecision | None = None,
 ) -> Triage:
+    """What the run records for a claimed item: noise first, then the route, then the gates
+    that hold it, settled against the task's open gates."""
     owner = work_owner(context)
     escalation_owner = context.escalation_contact or owner
     sender = classify_recipient(context, envelope.sender.address)
-    name, attachment_names, flags = display_facts(envelope)
-    flags = (*flags, *(f"sender address: {f}" for f in sender.flags))
-    shown = TaskUpdate(sender_name=name, attachment_names=attachment_names, content_flags=flags)
+    shown = _shown(envelope, sender)
     found = noise(
         envelope,
         own_addresses=frozenset(own_addresses(context)),
         known_sender=sender.recipient_class is not RecipientClass.UNKNOWN,
     )
+    excluded = _noise_verdict(found, envelope, task_created, owner, now, shown)
+    if excluded is not None:
+        return excluded
+    internal = sender.internal and not sender.flags
+    if found is not None:
+        route = _unclear_noise(found, owner, now)
+    elif approval is not None:
+        verdict = _approval_reply(context, task, approval, owner, shown)
+        return _held_by_preflight(verdict, preflight_failure, escalation_owner, now)
+    else:
+        closed = None
+        if preflight_failure is None:
+            closed = _closed_without_work(
+                context, envelope, task, task_created, sender, owner, shown
+            )
+        if closed is not None:
+            return closed
+        route = _work_route(context, envelope, task, task_created, internal, owner)
+    _hold_for_sender_conflict(route, sender, escalation_owner, now)
+    _hold_for_preflight_or_owner(
+        route, context, task_created, preflight_failure, escalation_owner, now
+    )
+    if task_created and preflight_failure is None:
+        _hold_for_context_gaps(route, context, escalation_owner, now)
+    # A new request from a verified internal contact opens the requester loop; the same
+    # requester writing again in the thread reopens it.
+    requester = (
+        sender.address if internal and (task_created or task.requester == sender.address) else None
+    )
+    return _settled(route, task, task_created, requester, shown)
+
+
+def _shown(envelope: Envelope, sender: Classified) -> TaskUpdate:
+    """The display facts the run records, with the flags of everything untrusted in them."""
+    name, attachment_names, flags = display_facts(envelope)
+    flags = (*flags, *(f"sender address: {f}" for f in sender.flags))
+    return TaskUpdate(sender_name=name, attachment_names=attachment_names, content_flags=flags)
+
+
+def _noise_verdict(
+    found: Noise | None,
+    envelope: Envelope,
+    task_created: bool,
+    owner: str,
+    now: datetime,
+    shown: TaskUpdate,
+) -> Triage | None:
+    """A bounce in a live thread is escalated; clear noise is excluded; anything else is not
+    settled by noise alone."""
     if found is not None and found.kind is NoiseKind.DELIVERY_REPORT and not task_created:
         # A bounce linked to its thread through the original Message-ID: the thread's
         # message did not arrive, and a person must know.
@@ -136,54 +205,52 @@ def triage(
             ),
             gate.reason,
         )
-    if found is not None and found.clear:
-        if task_created:
-            return Triage(
-                Disposition.NOISE_EXCLUDED,
-                shown.model_copy(
-                    update={
-                        "state": TaskState.COMPLETED,
-                        "sole_message": envelope.provider_message_id,
-                        "next_action": NextAction(
-                            description="none: automated message", owner=owner
-                        ),
-                    }
-                ),
-                found.reason,
-            )
-        # Noise in a live thread (an out-of-office reply) joins it and resumes nothing.
-        return Triage(Disposition.NOISE_EXCLUDED, shown, found.reason)
+    if found is None or not found.clear:
+        return None
+    if task_created:
+        return Triage(
+            Disposition.NOISE_EXCLUDED,
+            shown.model_copy(
+                update={
+                    "state": TaskState.COMPLETED,
+                    "sole_message": envelope.provider_message_id,
+                    "next_action": NextAction(description="none: automated message", owner=owner),
+                }
+            ),
+            found.reason,
+        )
+    # Noise in a live thread (an out-of-office reply) joins it and resumes nothing.
+    return Triage(Disposition.NOISE_EXCLUDED, shown, found.reason)
 
-    gates: list[Gate] = []
-    provisional: dict[str, str] | None = None
-    detail = ""
-    internal = sender.internal and not sender.flags
-    # A new request from a verified internal contact opens the requester loop; the same
-    # requester writing again in the thread reopens it.
-    requester = (
-        sender.address if internal and (task_created or task.requester == sender.address) else None
+
+def _unclear_noise(found: Noise, owner: str, now: datetime) -> _Route:
+    """The noise signal is there but not clear (list mail from a known contact): a human looks."""
+    return _Route(
+        state=TaskState.TASK_RESOLVED,
+        disposition=Disposition.AWAITING_ASSIGNMENT,
+        next_action=NextAction(description=f"decide: {found.reason}", owner=owner),
+        gates=[Gate(kind=GateKind.ASSIGNMENT, owner=owner, since=now, reason=found.reason)],
+        detail=found.reason,
     )
-    resume = not task_created
-    if found is not None:
-        # The signal is there but not clear (list mail from a known contact): a human looks.
-        gates.append(Gate(kind=GateKind.ASSIGNMENT, owner=owner, since=now, reason=found.reason))
-        state, disposition = TaskState.TASK_RESOLVED, Disposition.AWAITING_ASSIGNMENT
-        next_action = NextAction(description=f"decide: {found.reason}", owner=owner)
-        detail = found.reason
-    elif approval is not None:
-        verdict = _approval_reply(context, task, approval, owner, shown)
-        return _held_by_preflight(verdict, preflight_failure, escalation_owner, now)
-    elif preflight_failure is None and not task_created and _answered_after(task, envelope):
+
+
+def _closed_without_work(
+    context: WorkspaceContext,
+    envelope: Envelope,
+    task: Task,
+    task_created: bool,
+    sender: Classified,
+    owner: str,
+    shown: TaskUpdate,
+) -> Triage | None:
+    """A message the thread already answered, or an internal FYI, needs no work."""
+    if not task_created and _answered_after(task, envelope):
         return Triage(
             Disposition.ALREADY_ANSWERED,
             shown,
             "the thread already had a reply sent after this message",
         )
-    elif (
-        preflight_failure is None
-        and task_created
-        and _internal_fyi(context, envelope, sender.internal)
-    ):
+    if task_created and _internal_fyi(context, envelope, sender.internal):
         return Triage(
             Disposition.CLOSED_NO_REPLY_NEEDED,
             shown.model_copy(
@@ -197,37 +264,66 @@ def triage(
             ),
             "internal FYI: the workspace mailbox is only in Cc of an internal sender's message",
         )
-    elif task_created:
+    return None
+
+
+def _work_route(
+    context: WorkspaceContext,
+    envelope: Envelope,
+    task: Task,
+    task_created: bool,
+    internal: bool,
+    owner: str,
+) -> _Route:
+    """New work is routed as new work; a message in a live thread moves its task on."""
+    if task_created:
         state, disposition, next_action, gates, detail = _new_work(context, envelope, owner)
-    elif internal and task.state is TaskState.WAITING_CLIENT:
+        return _Route(state, disposition, next_action, gates, detail)
+    if internal and task.state is TaskState.WAITING_CLIENT:
         # A colleague's note (a reply to a reminder, say) joins the thread; only the client
         # resumes a task that waits on the client.
-        state, disposition, resume = task.state, Disposition.WAITING_CLIENT, False
-        next_action = None
-    else:
-        # Seen from this claim's snapshot; the report resumes from the state current then.
-        state = after_inbound(task.state)
-        disposition = DISPOSITION_FOR_STATE[state]
-        next_action = NextAction(
+        return _Route(task.state, Disposition.WAITING_CLIENT, None, joins_only=True)
+    # Seen from this claim's snapshot; the report resumes from the state current then.
+    state = after_inbound(task.state)
+    return _Route(
+        state,
+        DISPOSITION_FOR_STATE[state],
+        NextAction(
             description="read the new message in the thread and continue the work", owner=owner
-        )
+        ),
+    )
 
-    if sender.conflict is not None:
-        gates.append(
-            Gate(
-                kind=GateKind.ESCALATION,
-                owner=escalation_owner,
-                since=now,
-                reason=f"sender {sender.address}: {sender.conflict}",
-            )
+
+def _hold_for_sender_conflict(route: _Route, sender: Classified, owner: str, now: datetime) -> None:
+    """A sender whose evidence conflicts is escalated."""
+    if sender.conflict is None:
+        return
+    route.gates.append(
+        Gate(
+            kind=GateKind.ESCALATION,
+            owner=owner,
+            since=now,
+            reason=f"sender {sender.address}: {sender.conflict}",
         )
-        disposition = Disposition.ESCALATED
+    )
+    route.disposition = Disposition.ESCALATED
+
+
+def _hold_for_preflight_or_owner(
+    route: _Route,
+    context: WorkspaceContext,
+    task_created: bool,
+    preflight_failure: str | None,
+    escalation_owner: str,
+    now: datetime,
+) -> None:
+    """A failed preflight escalates the item; else new work with no owner waits for assignment."""
     if preflight_failure is not None:
-        gate, next_action = _preflight_hold(preflight_failure, escalation_owner, now)
-        gates.append(gate)
-        disposition = Disposition.ESCALATED
+        gate, route.next_action = _preflight_hold(preflight_failure, escalation_owner, now)
+        route.gates.append(gate)
+        route.disposition = Disposition.ESCALATED
     elif task_created and context.work_owner() is None:
-        gates.append(
+        route.gates.append(
             Gate(
                 kind=GateKind.ASSIGNMENT,
                 owner=context.unresolved_queue or "unresolved queue",
@@ -235,46 +331,60 @@ def triage(
                 reason="the context names no client_manager and no escalation_contact",
             )
         )
-        if disposition is Disposition.QUEUED:
-            disposition = Disposition.AWAITING_ASSIGNMENT
-    if task_created and preflight_failure is None and (missing := context.missing_for_intake()):
-        gates.append(
-            Gate(
-                kind=GateKind.CONTEXT_GAP,
-                owner=escalation_owner,
-                since=now,
-                reason="missing context: " + ", ".join(missing),
-            )
+        if route.disposition is Disposition.QUEUED:
+            route.disposition = Disposition.AWAITING_ASSIGNMENT
+
+
+def _hold_for_context_gaps(
+    route: _Route, context: WorkspaceContext, owner: str, now: datetime
+) -> None:
+    """New work on a context that misses what intake needs goes into discovery, measured
+    against a provisional benchmark while the official KPIs are missing."""
+    missing = context.missing_for_intake()
+    if not missing:
+        return
+    route.gates.append(
+        Gate(
+            kind=GateKind.CONTEXT_GAP,
+            owner=owner,
+            since=now,
+            reason="missing context: " + ", ".join(missing),
         )
-        state = TaskState.IN_DISCOVERY
-        if disposition is Disposition.QUEUED:
-            disposition = Disposition.CONTEXT_GAP_DISCOVERY
-            next_action = NextAction(
-                description="discover the missing context; continue safe, reversible work",
-                owner=escalation_owner,
-            )
-        if "kpis.official" in missing:
-            provisional = {
-                "first_response_hours": PROVISIONAL_FIRST_RESPONSE_HOURS,
-                "basis": "provisional benchmark while kpis.official is missing; "
-                "never an official KPI",
-            }
-    open_kinds = frozenset(g.kind for g in (*task.open_gates, *gates))
-    settled = settle(disposition, open_kinds)
+    )
+    route.state = TaskState.IN_DISCOVERY
+    if route.disposition is Disposition.QUEUED:
+        route.disposition = Disposition.CONTEXT_GAP_DISCOVERY
+        route.next_action = NextAction(
+            description="discover the missing context; continue safe, reversible work",
+            owner=owner,
+        )
+    if "kpis.official" in missing:
+        route.provisional = {
+            "first_response_hours": PROVISIONAL_FIRST_RESPONSE_HOURS,
+            "basis": "provisional benchmark while kpis.official is missing; never an official KPI",
+        }
+
+
+def _settled(
+    route: _Route, task: Task, task_created: bool, requester: str | None, shown: TaskUpdate
+) -> Triage:
+    """The route settled against every open gate, with the reasons that hold it."""
+    open_kinds = frozenset(g.kind for g in (*task.open_gates, *route.gates))
+    settled = settle(route.disposition, open_kinds)
     # A terminal outcome with an open gate is rewritten to its waiting state (seed 000 s.6).
-    target = TASK_STATE_FOR[settled] if settled is not disposition else state
-    reasons = [g.reason for g in gates]
-    if detail and detail not in reasons:
-        reasons.insert(0, detail)
+    target = TASK_STATE_FOR[settled] if settled is not route.disposition else route.state
+    reasons = [g.reason for g in route.gates]
+    if route.detail and route.detail not in reasons:
+        reasons.insert(0, route.detail)
     return Triage(
         settled,
         shown.model_copy(
             update={
                 "state": target if task_created else None,
-                "resume_on_inbound": resume,
-                "add_gates": tuple(gates),
-                "next_action": next_action,
-                "provisional_basis": provisional,
+                "resume_on_inbound": not task_created and not route.joins_only,
+                "add_gates": tuple(route.gates),
+                "next_action": route.next_action,
+                "provisional_basis": route.provisional,
                 "requester": requester,
             }
         ),

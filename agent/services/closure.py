@@ -10,18 +10,33 @@ approval holds it. A task is not closed or left partially completed while that l
 from __future__ import annotations
 
 import hashlib
+from typing import Protocol
 
 from agent.domain.automation import SendKind
-from agent.domain.errors import GateRefused
+from agent.domain.context import WorkspaceContext
+from agent.domain.errors import GateRefused, UnknownTask
 from agent.domain.gates import DraftFacts, draft_digest, release_guard
-from agent.domain.records import TaskAmendment
+from agent.domain.mail import OutgoingMessage
+from agent.domain.records import SendIntent, TaskAmendment
 from agent.domain.states import TaskState
 from agent.domain.task import CommunicationState, Task
-from agent.ports import Clock, MailProvider, Store
-from agent.rendering.render import render_message, reply_subject
-from agent.services.gate_check import check_send, load_task
-from agent.services.outbound import SendOutcome, SendStatus, outgoing, send_once, sent_ref
+from agent.ports import Clock, MailProvider, TaskBoard
+from agent.rendering.render import RenderedMessage, render_message, reply_subject
+from agent.services.gate_check import GateReads, check_send, load_task
+from agent.services.outbound import (
+    OutboundStore,
+    SendOutcome,
+    SendStatus,
+    outgoing,
+    send_once,
+    sent_ref,
+)
 from agent.services.workspaces import load_context
+
+
+class ClosureStore(GateReads, OutboundStore, Protocol):
+    """What replying to the requester needs: the gate's reads and sending once."""
+
 
 #: States that release the occurrence's work; the requester's loop must be closed first.
 RELEASING: frozenset[TaskState] = frozenset({TaskState.COMPLETED, TaskState.PARTIALLY_COMPLETED})
@@ -34,7 +49,7 @@ def status_text(complete: str, remaining: str) -> str:
 
 
 async def reply_to_requester(
-    store: Store,
+    store: ClosureStore,
     provider: MailProvider,
     task_id: str,
     *,
@@ -47,40 +62,13 @@ async def reply_to_requester(
     if task.requester is None:
         raise GateRefused(f"task {task_id} has no verified internal requester to reply to")
     context = load_context(store, task.workspace_id)
-    rendered = render_message(
-        status_text(complete, remaining),
-        subject=reply_subject(task.original_subject),
-        context=context,
-    )
-    digest = draft_digest(rendered.subject, rendered.html, rendered.text)
-    facts = DraftFacts(
-        draft_id=f"status-{digest[:12]}",
-        digest=digest,
-        subject=rendered.subject,
-        text=rendered.text,
-    )
+    rendered, facts = _status_draft(context, task, complete, remaining)
     gate = check_send(store, task_id, facts, to=(task.requester,), internal_only=True)
     if not gate.ready:
         raise GateRefused(f"the status reply to {task.requester} cannot go: {gate.summary()}")
     to, cc = gate.plan.addresses()
     key = f"status|{task_id}|{hashlib.sha256((complete + '|' + remaining).encode()).hexdigest()}"
-    answered = task.answered_message((*to, *cc))
-    parent, references = answered.reply_headers() if answered is not None else (None, ())
-    intent, message = outgoing(
-        key=key,
-        kind=SendKind.INTERNAL_REPLY,
-        workspace_id=task.workspace_id,
-        task_id=task_id,
-        mailbox_id=task.mailbox_id,
-        to=to,
-        cc=cc,
-        subject=rendered.subject,
-        text=rendered.text,
-        html=rendered.html,
-        thread_id=task.provider_thread_id,
-        in_reply_to=parent,
-        references=references,
-    )
+    intent, message = _status_message(task, task_id, key, rendered, to, cc)
     outcome = await send_once(store, provider, intent, message, clock)
     if outcome.status is SendStatus.IN_PROGRESS:
         raise GateRefused(f"the status reply {key} is being sent by another worker")
@@ -98,9 +86,60 @@ async def reply_to_requester(
     return outcome
 
 
-def release(store: Store, task_id: str, target: TaskState, evidence: str, clock: Clock) -> Task:
-    """Move a task to a releasing state, refused while its requester's loop is open."""
-    refused = release_guard(load_task(store, task_id), closing=target in RELEASING)
+def _status_draft(
+    context: WorkspaceContext, task: Task, complete: str, remaining: str
+) -> tuple[RenderedMessage, DraftFacts]:
+    """The status reply rendered in the workspace's language, and the facts the gate reads."""
+    rendered = render_message(
+        status_text(complete, remaining),
+        subject=reply_subject(task.original_subject),
+        context=context,
+    )
+    digest = draft_digest(rendered.subject, rendered.html, rendered.text)
+    facts = DraftFacts(
+        draft_id=f"status-{digest[:12]}",
+        digest=digest,
+        subject=rendered.subject,
+        text=rendered.text,
+    )
+    return rendered, facts
+
+
+def _status_message(
+    task: Task,
+    task_id: str,
+    key: str,
+    rendered: RenderedMessage,
+    to: tuple[str, ...],
+    cc: tuple[str, ...],
+) -> tuple[SendIntent, OutgoingMessage]:
+    """The status reply in the original thread, answering its latest message from them."""
+    answered = task.answered_message((*to, *cc))
+    parent, references = answered.reply_headers() if answered is not None else (None, ())
+    return outgoing(
+        key=key,
+        kind=SendKind.INTERNAL_REPLY,
+        workspace_id=task.workspace_id,
+        task_id=task_id,
+        mailbox_id=task.mailbox_id,
+        to=to,
+        cc=cc,
+        subject=rendered.subject,
+        text=rendered.text,
+        html=rendered.html,
+        thread_id=task.provider_thread_id,
+        in_reply_to=parent,
+        references=references,
+    )
+
+
+def release(board: TaskBoard, task_id: str, target: TaskState, evidence: str, clock: Clock) -> Task:
+    """Move a task to a releasing state on the board, refused while its requester's loop
+    is open."""
+    task = board.get_task(task_id)
+    if task is None:
+        raise UnknownTask(task_id)
+    refused = release_guard(task, closing=target in RELEASING)
     if refused is not None:
         raise GateRefused(refused)
-    return store.transition_task(task_id, target, evidence, clock.now())
+    return board.transition_task(task_id, target, evidence, clock.now())

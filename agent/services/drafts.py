@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import re
 from dataclasses import dataclass
+from typing import Protocol
 
 from agent.domain.errors import GateRefused, InvalidRequest, RegistryError
 from agent.domain.gates import DraftFacts, draft_digest
@@ -18,18 +19,23 @@ from agent.domain.records import DraftRecord
 from agent.domain.states import TERMINAL_STATES
 from agent.domain.task import Task
 from agent.domain.untrusted import seen_form, shown
-from agent.ports import Clock, MailProvider, Store
+from agent.ports import Clock, Drafts, MailProvider
 from agent.rendering.render import RenderedMessage, render_message, reply_subject
 from agent.rendering.text import link_targets, readable_text
-from agent.services.gate_check import load_task
+from agent.services.gate_check import GateReads, load_task
 from agent.services.workspaces import load_context
+
+
+class DraftStore(GateReads, Drafts, Protocol):
+    """What rendering a draft reads and keeps: the task, its context, the draft."""
+
 
 MAX_DRAFT_CHARS = 100_000
 """The longest Markdown body rendered (an email reply, not a document)."""
 
 
 def render_draft(
-    store: Store,
+    store: DraftStore,
     task_id: str,
     body_markdown: str,
     clock: Clock,
@@ -60,7 +66,7 @@ def render_draft(
 
 
 def keep_draft(
-    store: Store, task: Task, draft_id: str, rendered: RenderedMessage, clock: Clock
+    store: Drafts, task: Task, draft_id: str, rendered: RenderedMessage, clock: Clock
 ) -> DraftRecord:
     """Keep a rendered draft of the task under ``draft_id`` (the first one kept stays)."""
     return store.save_draft(
@@ -75,7 +81,7 @@ def keep_draft(
     )
 
 
-def load_draft(store: Store, task_id: str, draft_id: str) -> tuple[DraftRecord, RenderedMessage]:
+def load_draft(store: Drafts, task_id: str, draft_id: str) -> tuple[DraftRecord, RenderedMessage]:
     """A draft the server rendered for this very task (never another task's)."""
     record = store.get_draft(draft_id)
     if record is None:
@@ -134,7 +140,7 @@ def _data(text: str) -> str:
 
 
 async def draft_request(
-    store: Store, provider: MailProvider, task_id: str, guidance: str, language: str | None
+    store: GateReads, provider: MailProvider, task_id: str, guidance: str, language: str | None
 ) -> DraftRequest:
     """The request for a reply body to the task's latest message from its sender."""
     task = load_task(store, task_id)

@@ -8,9 +8,10 @@ gate in agent.domain.gates. Nothing the caller says about classes or approval is
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Protocol
 
 from agent.domain.context import WorkspaceContext
-from agent.domain.errors import ContextError, RegistryError
+from agent.domain.errors import ContextError, UnknownTask
 from agent.domain.gates import (
     DraftFacts,
     ForeignMarkers,
@@ -19,11 +20,15 @@ from agent.domain.gates import (
     foreign_markers,
 )
 from agent.domain.task import Task
-from agent.ports import Store
+from agent.ports import Registry, Tasks
 from agent.services.workspaces import load_context, registered_context
 
 
-def other_workspaces(store: Store, active: WorkspaceContext) -> ForeignMarkers:
+class GateReads(Registry, Tasks, Protocol):
+    """What the gate reads: the task, its live context and the other workspaces."""
+
+
+def other_workspaces(store: Registry, active: WorkspaceContext) -> ForeignMarkers:
     others: list[WorkspaceContext] = []
     for row in store.list_workspaces():
         if row.workspace_id == active.workspace_id:
@@ -35,15 +40,15 @@ def other_workspaces(store: Store, active: WorkspaceContext) -> ForeignMarkers:
     return foreign_markers(active, others)
 
 
-def load_task(store: Store, task_id: str) -> Task:
+def load_task(store: Tasks, task_id: str) -> Task:
     task = store.get_task(task_id)
     if task is None:
-        raise RegistryError(f"no task {task_id!r}; list_queue shows the workspace's open tasks")
+        raise UnknownTask(task_id)
     return task
 
 
 def check_send(
-    store: Store,
+    store: GateReads,
     task_id: str,
     draft: DraftFacts,
     *,

@@ -18,6 +18,7 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from typing import Protocol
 
 from agent import crashpoints
 from agent.domain.context import MailboxBinding, StationConfig, WorkspaceContext
@@ -38,10 +39,18 @@ from agent.domain.records import (
 )
 from agent.domain.registry import Candidate, ResolutionStatus, resolve_workspace
 from agent.domain.run import LedgerEntry, Reconciliation
-from agent.ports import Clock, MailProvider, Store
+from agent.ports import Claims, Clock, Health, MailProvider, RunLedger
 from agent.services import acks, approvals, claim, classify, reminders
 from agent.services.holder import current_holder, holder_alive
+from agent.services.reminders import ReminderStore
+from agent.services.replies import ReplyStore
 from agent.services.workspaces import DataDir, candidates, load_context, load_station
+
+
+class IntakeStore(RunLedger, Claims, ReplyStore, ReminderStore, Protocol):
+    """What a run needs: the run ledger, claims, and what the replies it may send on the
+    way (acknowledgements, reminders) and the approvals it reads need."""
+
 
 SERVICE = "email-intake"
 STATION_SCOPE = "station"
@@ -116,7 +125,7 @@ class Scan:
     """One run's scan (steps 1-4), its items recorded in the run ledger, ready to be claimed
     one by one (steps 5-8) and then reconciled (step 11)."""
 
-    store: Store
+    store: IntakeStore
     context: WorkspaceContext
     station: StationConfig
     holder: str
@@ -143,7 +152,7 @@ class Scan:
 
 async def scan(
     *,
-    store: Store,
+    store: IntakeStore,
     data_dir: DataDir,
     workspace_id: str,
     provider_for: ProviderFactory,
@@ -158,60 +167,21 @@ async def scan(
     station = load_station(data_dir)
     run_id = f"run-{uuid.uuid4().hex}"
     result = RunResult(run_id=run_id, workspace_id=workspace_id)
-    # Runs whose worker died before reconciling are reconciled now, so every scanned item
-    # of every run ends with exactly one outcome.
-    for open_run in store.unreconciled_runs(workspace_id):
-        if open_run.stale(clock.now(), holder_alive):
-            stale = store.reconcile_stale(open_run.run_id, clock.now(), holder_alive)
-            if stale is not None:
-                result.reconciled_stale.append(stale)
+    _reconcile_dead_runs(store, workspace_id, clock, result)
     renewed_at = clock.now()
     store.start_run(run_id, workspace_id, holder, renewed_at, renewed_at + RUN_LEASE)
     bindings = [b for b in context.mailboxes if mailbox_ids is None or b.mailbox_id in mailbox_ids]
 
     # 1. Preflight first; a failure gates the work on each item, never detection.
     preflights = {b.mailbox_id: classify.preflight(context, b.mailbox_id) for b in bindings}
-    planned: list[Planned] = []
-    seen: set[str] = set()
-    providers: dict[str, MailProvider] = {}
-    for binding in bindings:
-        cands = candidates(store, binding.provider, binding.mailbox_id)
-        found: list[Planned] = []
-        try:
-            provider = provider_for(binding)
-            providers[binding.mailbox_id] = provider
-            async for scanned in provider.scan():
-                plan = _plan(scanned, binding, cands, workspace_id)
-                if plan is not None and plan.ref not in seen:
-                    seen.add(plan.ref)
-                    found.append(plan)
-        except ProviderError as exc:
-            # An access gap, not a policy refusal: the other mailboxes still run, and the
-            # gap is on record for the operator and the access resolver.
-            store.record_health(
-                f"mailbox {binding.mailbox_id} ({binding.provider})", str(exc), clock.now()
-            )
-            result.access_errors.append(f"{binding.mailbox_id}: {exc}")
-            continue
-        planned.extend(found)
+    planned, providers = await _read_mailboxes(
+        store, bindings, provider_for, workspace_id, clock, result
+    )
     # The scan may have taken a while: keep the run's lease before recording its items.
     if planned:
         renewed_at = _renew(store, run_id, holder, clock, renewed_at, force=True)
-    store.record_scanned(
-        [
-            LedgerEntry(run_id=run_id, item_ref=p.ref, occurrence_key=p.key, detail=p.reason)
-            for p in planned
-        ],
-        clock.now(),
-    )
-    # Oldest first by the canonical received_at; unreadable items last.
-    planned.sort(
-        key=lambda p: (
-            p.envelope is None,
-            p.envelope.received_at.timestamp() if p.envelope else 0.0,
-            p.ref,
-        )
-    )
+    _record_scanned(store, run_id, planned, clock)
+    _oldest_first(planned)
     return Scan(
         store=store,
         context=context,
@@ -223,6 +193,88 @@ async def scan(
         preflights=preflights,
         renewed_at=renewed_at,
         lookahead=claim.Lookahead(store, [p.key for p in planned]),
+    )
+
+
+def _reconcile_dead_runs(
+    store: RunLedger, workspace_id: str, clock: Clock, result: RunResult
+) -> None:
+    """Runs whose worker died before reconciling are reconciled now, so every scanned item
+    of every run ends with exactly one outcome."""
+    for open_run in store.unreconciled_runs(workspace_id):
+        if open_run.stale(clock.now(), holder_alive):
+            stale = store.reconcile_stale(open_run.run_id, clock.now(), holder_alive)
+            if stale is not None:
+                result.reconciled_stale.append(stale)
+
+
+async def _read_mailboxes(
+    store: IntakeStore,
+    bindings: list[MailboxBinding],
+    provider_for: ProviderFactory,
+    workspace_id: str,
+    clock: Clock,
+    result: RunResult,
+) -> tuple[list[Planned], dict[str, MailProvider]]:
+    """Steps 2-4 over every mailbox, each item planned once, with the provider each was read
+    through. A mailbox that cannot be read is an access gap, not a policy refusal: the other
+    mailboxes still run, and the gap is on record for the operator and the access resolver."""
+    planned: list[Planned] = []
+    seen: set[str] = set()
+    providers: dict[str, MailProvider] = {}
+    for binding in bindings:
+        cands = candidates(store, binding.provider, binding.mailbox_id)
+        try:
+            provider = provider_for(binding)
+            providers[binding.mailbox_id] = provider
+            found = await _read_mailbox(provider, binding, cands, workspace_id, seen)
+        except ProviderError as exc:
+            store.record_health(
+                f"mailbox {binding.mailbox_id} ({binding.provider})", str(exc), clock.now()
+            )
+            result.access_errors.append(f"{binding.mailbox_id}: {exc}")
+            continue
+        planned.extend(found)
+    return planned, providers
+
+
+async def _read_mailbox(
+    provider: MailProvider,
+    binding: MailboxBinding,
+    cands: list[Candidate],
+    workspace_id: str,
+    seen: set[str],
+) -> list[Planned]:
+    """The mailbox's items this workspace reads, normalized, resolved and keyed; an item
+    already ``seen`` this run is not planned again."""
+    found: list[Planned] = []
+    async for scanned in provider.scan():
+        plan = _plan(scanned, binding, cands, workspace_id)
+        if plan is not None and plan.ref not in seen:
+            seen.add(plan.ref)
+            found.append(plan)
+    return found
+
+
+def _record_scanned(store: RunLedger, run_id: str, planned: list[Planned], clock: Clock) -> None:
+    """Every planned item goes into the run ledger, with its occurrence key."""
+    store.record_scanned(
+        [
+            LedgerEntry(run_id=run_id, item_ref=p.ref, occurrence_key=p.key, detail=p.reason)
+            for p in planned
+        ],
+        clock.now(),
+    )
+
+
+def _oldest_first(planned: list[Planned]) -> None:
+    """Oldest first by the canonical received_at; unreadable items last."""
+    planned.sort(
+        key=lambda p: (
+            p.envelope is None,
+            p.envelope.received_at.timestamp() if p.envelope else 0.0,
+            p.ref,
+        )
     )
 
 
@@ -304,7 +356,7 @@ async def finish(run: Scan, clock: Clock) -> RunResult:
 
 async def run_cycle(
     *,
-    store: Store,
+    store: IntakeStore,
     data_dir: DataDir,
     workspace_id: str,
     provider_for: ProviderFactory,
@@ -329,7 +381,7 @@ async def run_cycle(
 
 
 def _renew(
-    store: Store,
+    store: RunLedger,
     run_id: str,
     holder: str,
     clock: Clock,
@@ -391,7 +443,7 @@ def _plan(
 
 
 async def _handle(
-    store: Store,
+    store: IntakeStore,
     context: WorkspaceContext,
     envelope: Envelope,
     request: ClaimRequest,
@@ -451,7 +503,7 @@ async def _handle(
 
 
 def _escalate(
-    store: Store,
+    store: IntakeStore,
     context: WorkspaceContext,
     station: StationConfig,
     plan: Planned,
@@ -461,32 +513,8 @@ def _escalate(
 ) -> ItemOutcome:
     """Escalate an item no workspace can own (or whose binding is unverified)."""
     now = clock.now()
-    if plan.owner == STATION_SCOPE:
-        queue, assignee, source = (
-            station.unresolved_queue,
-            station.escalation_contact,
-            "station.yaml",
-        )
-    else:
-        queue, assignee, source = (
-            context.unresolved_queue,
-            context.escalation_contact,
-            f"workspace {context.workspace_id} context",
-        )
-    missing = [
-        name
-        for name, value in (("unresolved_queue", queue), ("escalation_contact", assignee))
-        if not value
-    ]
-    detail = plan.reason
-    if missing:
-        for name in missing:
-            store.record_health(
-                f"{source}: {name}",
-                f"{source} has no {name}: escalated items cannot reach a queue or a person",
-                now,
-            )
-        detail += f"; {source} is missing {', '.join(missing)} (see the station health record)"
+    queue, assignee, source = _escalation_target(context, station, plan)
+    detail = _escalation_detail(store, plan, source, queue, assignee, now)
     draft = EscalationDraft(
         scope=plan.owner,
         queue=queue or "",
@@ -516,3 +544,44 @@ def _escalate(
     return ItemOutcome(
         request.item_ref, Disposition.ESCALATED, ClaimOutcome.CLAIMED, None, False, detail
     )
+
+
+def _escalation_target(
+    context: WorkspaceContext, station: StationConfig, plan: Planned
+) -> tuple[str | None, str | None, str]:
+    """The queue and person an escalation goes to, and where they are configured: the
+    station's for a station-scope item, else the workspace context's."""
+    if plan.owner == STATION_SCOPE:
+        return station.unresolved_queue, station.escalation_contact, "station.yaml"
+    return (
+        context.unresolved_queue,
+        context.escalation_contact,
+        f"workspace {context.workspace_id} context",
+    )
+
+
+def _escalation_detail(
+    store: Health,
+    plan: Planned,
+    source: str,
+    queue: str | None,
+    assignee: str | None,
+    now: datetime,
+) -> str:
+    """Why the item is escalated; a missing queue or contact goes on the station health
+    record and is named in the detail."""
+    missing = [
+        name
+        for name, value in (("unresolved_queue", queue), ("escalation_contact", assignee))
+        if not value
+    ]
+    detail = plan.reason
+    if missing:
+        for name in missing:
+            store.record_health(
+                f"{source}: {name}",
+                f"{source} has no {name}: escalated items cannot reach a queue or a person",
+                now,
+            )
+        detail += f"; {source} is missing {', '.join(missing)} (see the station health record)"
+    return detail

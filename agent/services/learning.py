@@ -10,14 +10,19 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Sequence
+from typing import Protocol
 
 from agent.domain.records import LearningProposal
-from agent.ports import Clock, Store
+from agent.ports import Clock, Proposals, Registry
 from agent.services.workspaces import load_context
 
 
+class LearningStore(Registry, Proposals, Protocol):
+    """What queueing a proposal needs: the registered workspace and the queue."""
+
+
 def submit(
-    store: Store,
+    store: LearningStore,
     workspace_id: str,
     *,
     kind: str,

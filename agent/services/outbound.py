@@ -14,6 +14,7 @@ import hashlib
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from enum import StrEnum
+from typing import Protocol
 
 from agent import crashpoints
 from agent.domain.envelope import Address
@@ -23,8 +24,13 @@ from agent.domain.headers import msg_id
 from agent.domain.mail import Handover, OutgoingMessage, SendResult
 from agent.domain.records import SendIntent, SendRecord, SendState, TaskAmendment
 from agent.domain.task import MessageRef
-from agent.ports import Clock, MailProvider, Store
+from agent.ports import Clock, MailProvider, SendLedger, Tasks
 from agent.services.holder import current_holder, holder_alive
+
+
+class OutboundStore(SendLedger, Tasks, Protocol):
+    """What sending once needs: the send ledger, and the task the send is recorded on."""
+
 
 IN_FLIGHT = timedelta(minutes=10)
 """How long an unfinished intent is taken to be another worker's send still in progress."""
@@ -59,7 +65,7 @@ def message_id_for(key: str, mailbox_id: str) -> str:
 
 
 async def send_once(
-    store: Store,
+    store: OutboundStore,
     provider: MailProvider,
     intent: SendIntent,
     message: OutgoingMessage,
@@ -92,7 +98,7 @@ async def send_once(
 
 
 async def checked_handover(
-    store: Store, provider: MailProvider, intent: SendIntent, message: OutgoingMessage, clock: Clock
+    store: Tasks, provider: MailProvider, intent: SendIntent, message: OutgoingMessage, clock: Clock
 ) -> Handover:
     """The form the channel would hand ``message`` over in, checked against the plan; a
     difference refuses the send before anything is ledgered or handed over, and the task
@@ -115,7 +121,7 @@ async def checked_handover(
 
 
 async def _send(
-    store: Store,
+    store: SendLedger,
     provider: MailProvider,
     intent: SendIntent,
     handover: Handover,

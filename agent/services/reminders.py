@@ -9,17 +9,22 @@ so neither a second run nor a restart sends it again.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Protocol
 
 from agent.domain.automation import ReminderPlan, ReminderSkip, SendKind, reminder_for
 from agent.domain.context import WorkspaceContext
 from agent.domain.errors import HandoverRefused, ProviderError
 from agent.domain.records import TaskAmendment
-from agent.ports import Clock, MailProvider, Store
-from agent.services.outbound import SendStatus, outgoing, send_once, sent_ref
+from agent.ports import Clock, Health, MailProvider, TaskBoard
+from agent.services.outbound import OutboundStore, SendStatus, outgoing, send_once, sent_ref
+
+
+class ReminderStore(TaskBoard, Health, OutboundStore, Protocol):
+    """What reminders need: the board's queue, health events and sending once."""
 
 
 async def send_due(
-    store: Store,
+    store: ReminderStore,
     context: WorkspaceContext,
     providers: Mapping[str, MailProvider],
     clock: Clock,
@@ -44,7 +49,7 @@ async def send_due(
 
 
 async def _send(
-    store: Store,
+    store: ReminderStore,
     context: WorkspaceContext,
     provider: MailProvider,
     plan: ReminderPlan,

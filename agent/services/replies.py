@@ -12,22 +12,40 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from datetime import datetime
+from typing import Protocol
 
 from agent.domain.automation import SendKind
 from agent.domain.dispositions import GateKind
-from agent.domain.errors import GateRefused, RegistryError
+from agent.domain.errors import GateRefused, RegistryError, UnknownSend
 from agent.domain.gates import GateResult
 from agent.domain.mail import OutgoingMessage
 from agent.domain.recipients import Communication
 from agent.domain.records import SendIntent, SendRecord, SendState, TaskAmendment
 from agent.domain.states import TaskState
 from agent.domain.task import CommunicationState, NextAction, Task
-from agent.ports import Clock, MailProvider, Store
+from agent.ports import Clock, Drafts, MailProvider, SendLedger, Tasks
 from agent.rendering.render import RenderedMessage
 from agent.rendering.verify import Check, ReadBackReport, verify_read_back
-from agent.services.drafts import facts, load_draft
+from agent.services.drafts import DraftStore, facts, load_draft
 from agent.services.gate_check import check_send, load_task
-from agent.services.outbound import SendOutcome, SendStatus, outgoing, send_once, sent_ref
+from agent.services.outbound import (
+    OutboundStore,
+    SendOutcome,
+    SendStatus,
+    outgoing,
+    send_once,
+    sent_ref,
+)
+
+
+class ReplyStore(DraftStore, OutboundStore, Protocol):
+    """What a reply reads and writes: the gate's reads, the draft and the send ledger."""
+
+
+class TaskDrafts(Tasks, Drafts, Protocol):
+    """What reading a reply back needs: the task and the draft it was rendered from."""
+
 
 _KEY_PREFIX = "reply"
 
@@ -46,8 +64,19 @@ class AlreadySent(GateRefused):
     def __init__(self, send: SendRecord) -> None:
         super().__init__(
             f"this draft already went to {', '.join(send.recipients)} as send {send.key} "
-            f"(Message-ID {send.internet_message_id}); a draft is never sent twice: "
-            "read_back that send_id to check it"
+            f"(Message-ID {send.internet_message_id}); a draft is never sent twice"
+        )
+        self.send = send
+
+
+class UnfinishedSend(GateRefused):
+    """The draft has an unfinished send to other recipients; ``send`` is that send. Only
+    exactly that send may be repeated: a draft goes out once."""
+
+    def __init__(self, draft_id: str, send: SendRecord) -> None:
+        super().__init__(
+            f"draft {draft_id} has an unfinished send to {', '.join(send.recipients)}; "
+            "a draft goes out once"
         )
         self.send = send
 
@@ -73,9 +102,7 @@ def reply_key(
 def _draft_of(key: str) -> str:
     parts = key.split("|")
     if len(parts) < 3 or parts[0] != _KEY_PREFIX:
-        raise RegistryError(
-            f"send {key!r} is not a reply sent by send; read_back takes the send_id send returned"
-        )
+        raise UnknownSend(key, "it is not a reply sent by send")
     return parts[1]
 
 
@@ -108,7 +135,7 @@ def _message(
 
 
 async def send_reply(
-    store: Store,
+    store: ReplyStore,
     provider: MailProvider,
     task_id: str,
     draft_id: str,
@@ -123,62 +150,90 @@ async def send_reply(
     gate = check_send(store, task_id, facts(record, rendered), to=to, cc=cc)
     to_addrs, cc_addrs = gate.plan.addresses()
     key = reply_key(draft_id, gate.communication, to_addrs, cc_addrs)
-    done = store.get_send(key)
-    if done is not None and done.state is SendState.SENT:
-        raise AlreadySent(done)
-    if not gate.ready:
-        raise SendRefused(gate)
-    if done is not None and (done.to, done.cc) != (to_addrs, cc_addrs):
-        raise GateRefused(
-            f"draft {draft_id} has an unfinished send to {', '.join(done.recipients)}; repeat "
-            "exactly that send (or read_back its send_id later) - a draft goes out once"
-        )
+    _refuse_unless_sendable(store, gate, key, draft_id, to_addrs, cc_addrs)
     client = gate.communication is Communication.CLIENT_FACING
     if client and task.state is TaskState.DRAFT_READY:
-        # A standing approval covers this message class: the task records the basis first.
-        task = store.amend_task(
-            task_id,
-            TaskAmendment(
-                event=f"approved to send: {gate.approval_basis} (draft {draft_id})",
-                expect_states=(TaskState.DRAFT_READY,),
-                state=TaskState.APPROVED_TO_SEND,
-            ),
-            clock.now(),
-        )
+        task = _approve_on_standing_basis(store, task_id, draft_id, gate, clock)
     kind = SendKind.CLIENT_REPLY if client else SendKind.INTERNAL_REPLY
     intent, message = _message(task, key, rendered, to_addrs, cc_addrs, kind)
-    mid = intent.internet_message_id
     outcome = await send_once(store, provider, intent, message, clock)
     if outcome.status is SendStatus.IN_PROGRESS:
         raise GateRefused(f"send {key} is being made by another worker; read it back later")
     if outcome.status is SendStatus.REFUSED:
         raise GateRefused(f"send {key} was refused by the ledger: {outcome.record.detail}")
     now = clock.now()
+    amendment = _handover_amendment(task, key, kind, intent, outcome, (*to_addrs, *cc_addrs), now)
+    task = store.amend_task(task_id, amendment, now)
+    return ReplyOutcome(gate=gate, outcome=outcome, task=task)
+
+
+def _refuse_unless_sendable(
+    store: SendLedger,
+    gate: GateResult,
+    key: str,
+    draft_id: str,
+    to_addrs: tuple[str, ...],
+    cc_addrs: tuple[str, ...],
+) -> None:
+    """A draft that went out is never sent again; one the gate holds is refused; an
+    unfinished send is only ever repeated exactly."""
+    done = store.get_send(key)
+    if done is not None and done.state is SendState.SENT:
+        raise AlreadySent(done)
+    if not gate.ready:
+        raise SendRefused(gate)
+    if done is not None and (done.to, done.cc) != (to_addrs, cc_addrs):
+        raise UnfinishedSend(draft_id, done)
+
+
+def _approve_on_standing_basis(
+    store: Tasks, task_id: str, draft_id: str, gate: GateResult, clock: Clock
+) -> Task:
+    """A standing approval covers this message class: the task records the basis first."""
+    return store.amend_task(
+        task_id,
+        TaskAmendment(
+            event=f"approved to send: {gate.approval_basis} (draft {draft_id})",
+            expect_states=(TaskState.DRAFT_READY,),
+            state=TaskState.APPROVED_TO_SEND,
+        ),
+        clock.now(),
+    )
+
+
+def _handover_amendment(
+    task: Task,
+    key: str,
+    kind: SendKind,
+    intent: SendIntent,
+    outcome: SendOutcome,
+    recipients: tuple[str, ...],
+    now: datetime,
+) -> TaskAmendment:
+    """What the task records of a handed-over reply: a client reply waits for its read-back;
+    an internal reply to the requester closes their loop."""
     amendment = TaskAmendment(
         event=f"{kind.value} handed over: {key}" + _delivery_note(outcome),
         sent_message=sent_ref(outcome, kind.value, task.mailbox_id, now),
     )
-    if client:
+    if kind is SendKind.CLIENT_REPLY:
         # The task reaches CLIENT_REPLY_SENT only when read_back proves the stored copy.
-        amendment = amendment.model_copy(
+        return amendment.model_copy(
             update={
                 "expect_states": (TaskState.APPROVED_TO_SEND,),
                 "communication_state": CommunicationState.CLIENT_REPLY_HANDED_OVER,
-                "sent_message_id": mid,
-                "recipients": (*to_addrs, *cc_addrs),
+                "sent_message_id": intent.internet_message_id,
+                "recipients": recipients,
                 "next_action": NextAction(
                     description=_after_handover(key, outcome), owner=task.next_action.owner
                 ),
             }
         )
-    else:
-        update: dict[str, object] = {"communication_state": CommunicationState.INTERNAL_UPDATE_SENT}
-        if task.requester is not None and task.requester in (*to_addrs, *cc_addrs):
-            # The internal requester has their result or status reply: their loop is closed.
-            update["requester_loop_closed"] = True
-        amendment = amendment.model_copy(update=update)
-    task = store.amend_task(task_id, amendment, now)
-    return ReplyOutcome(gate=gate, outcome=outcome, task=task)
+    update: dict[str, object] = {"communication_state": CommunicationState.INTERNAL_UPDATE_SENT}
+    if task.requester is not None and task.requester in recipients:
+        # The internal requester has their result or status reply: their loop is closed.
+        update["requester_loop_closed"] = True
+    return amendment.model_copy(update=update)
 
 
 def _after_handover(key: str, outcome: SendOutcome) -> str:
@@ -208,7 +263,7 @@ class ReadBack:
 
 
 async def read_back(
-    store: Store,
+    store: TaskDrafts,
     provider_for: Callable[[Task], MailProvider],
     record: SendRecord,
     clock: Clock,

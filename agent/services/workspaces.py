@@ -20,10 +20,10 @@ from agent.domain.context import (
     parse_context,
     parse_station,
 )
-from agent.domain.errors import ContextError, RegistryError
+from agent.domain.errors import ContextError, UnknownWorkspace, WorkspaceExists
 from agent.domain.records import Binding, WorkspaceRow
 from agent.domain.registry import Candidate
-from agent.ports import Store
+from agent.ports import Registry
 
 STATION_FILE = "station.yaml"
 
@@ -93,13 +93,10 @@ def _save_copy(data_dir: DataDir, context: WorkspaceContext, source: Path) -> tu
     return target, hashlib.sha256(text.encode("utf-8")).hexdigest(), text
 
 
-def add_workspace(store: Store, data_dir: DataDir, source: Path, now: datetime) -> WorkspaceRow:
+def add_workspace(store: Registry, data_dir: DataDir, source: Path, now: datetime) -> WorkspaceRow:
     context, _ = read_context_file(source)
     if store.get_workspace(context.workspace_id) is not None:
-        raise RegistryError(
-            f"workspace {context.workspace_id} is already registered; use 'outloop workspace "
-            "update' to replace its context"
-        )
+        raise WorkspaceExists(context.workspace_id)
     path, sha, text = _save_copy(data_dir, context, source)
     row = WorkspaceRow(
         workspace_id=context.workspace_id,
@@ -114,14 +111,13 @@ def add_workspace(store: Store, data_dir: DataDir, source: Path, now: datetime) 
     return row
 
 
-def update_workspace(store: Store, data_dir: DataDir, source: Path, now: datetime) -> WorkspaceRow:
+def update_workspace(
+    store: Registry, data_dir: DataDir, source: Path, now: datetime
+) -> WorkspaceRow:
     context, _ = read_context_file(source)
     existing = store.get_workspace(context.workspace_id)
     if existing is None:
-        raise RegistryError(
-            f"workspace {context.workspace_id} is not registered; use 'outloop workspace add' "
-            "first (the workspace_id in the file decides which workspace is updated)"
-        )
+        raise UnknownWorkspace(context.workspace_id)
     path, sha, text = _save_copy(data_dir, context, source)
     row = existing.model_copy(
         update={
@@ -136,14 +132,11 @@ def update_workspace(store: Store, data_dir: DataDir, source: Path, now: datetim
     return row
 
 
-def load_context(store: Store, workspace_id: str) -> WorkspaceContext:
+def load_context(store: Registry, workspace_id: str) -> WorkspaceContext:
     """Read back the live context of a registered workspace (re-read on every run)."""
     row = store.get_workspace(workspace_id)
     if row is None:
-        raise RegistryError(
-            f"no workspace {workspace_id} is registered here; register it with 'outloop "
-            "workspace add --context FILE'"
-        )
+        raise UnknownWorkspace(workspace_id)
     context = registered_context(row)
     if context.workspace_id != workspace_id:
         raise ContextError(
@@ -169,7 +162,7 @@ def _parsed(text: str, workspace_id: str) -> WorkspaceContext:
     return parse_context(text, source=f"registered context of {workspace_id}")
 
 
-def candidates(store: Store, provider: str, mailbox_id: str) -> list[Candidate]:
+def candidates(store: Registry, provider: str, mailbox_id: str) -> list[Candidate]:
     """Registry rows for a mailbox, each with its live context read back (or why not)."""
     out: list[Candidate] = []
     for binding in store.bindings_for_mailbox(provider, mailbox_id):

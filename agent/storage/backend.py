@@ -9,13 +9,13 @@ from __future__ import annotations
 from pathlib import Path
 
 from agent.domain.errors import StoreError
-from agent.ports import Store
+from agent.ports import EmbeddedStore
 
 DATABASE_URL_SETTING = "OUTLOOP_DATABASE_URL"
 POSTGRES_SCHEMES = ("postgresql", "postgres")
 
 
-def open_store(database_url: str | None, sqlite_path: Path) -> Store:
+def open_store(database_url: str | None, sqlite_path: Path) -> EmbeddedStore:
     """The store the setting names; a bad value fails here, naming the setting."""
     if database_url is None or not database_url.strip():
         from agent.storage.sqlite import SqliteStore  # noqa: PLC0415 - only what is used

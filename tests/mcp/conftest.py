@@ -27,9 +27,13 @@ from agent.providers.maildir import SENT_FOLDER, MaildirProvider
 from agent.services import workspaces
 from agent.storage.sqlite import SqliteStore
 from agent.testing import FrozenClock
-from mcp_server.runtime import REFUSED, Settings
+from mcp_server.composition import Settings
+from mcp_server.runtime import REFUSED
 from mcp_server.server import build_server
 from tests.conftest import context_yaml
+
+# The shared helper modules' asserts report what they compared, as a test's own do.
+pytest.register_assert_rewrite("tests.mcp.attacks", "tests.mcp.hooked")
 
 MAILBOX = "support@fabrikam.test"
 CLIENT = "dana.levi@contoso.test"
@@ -277,6 +281,20 @@ async def approved_draft(client: Client, station: OperatorStation) -> dict[str, 
     request = await waiting_for_approval(client)
     await approve_by_reply(station, client, [request])
     return request
+
+
+async def draft_ready(
+    station: OperatorStation, client: Client, body: str
+) -> tuple[str, str, dict[str, Any]]:
+    """A client's request taken in, claimed and worked to DRAFT_READY with a draft; the
+    task, the draft and the intake."""
+    station.deliver(sender=CLIENT, sender_name="Dana Levi", body="Please send the Q4 quote.")
+    intake = await intake_and_claim(client)
+    [claimed] = intake.claims
+    task_id = claimed["task_id"]
+    await to_draft_ready(client, task_id)
+    draft = await call(client, "render", task_id=task_id, body_markdown=body, language="en")
+    return task_id, draft["draft_id"], intake.scanned
 
 
 # -- the Maildir outbox ------------------------------------------------------------------------

@@ -25,6 +25,7 @@ from tests.mcp.conftest import (
     call,
     intake_and_claim,
     to_draft_ready,
+    tool_error,
 )
 
 pytestmark = pytest.mark.anyio
@@ -454,6 +455,26 @@ async def test_a_malformed_argument_is_a_tool_error_naming_it_and_changes_nothin
         s = await scene(client, station)
         done = await attempt(client, station, s.task_id, tool, args(s))
     assert_harmless_tool_error(done, says)
+
+
+async def test_submit_learning_with_a_nul_byte_is_a_validation_error_and_queues_nothing(
+    station: OperatorStation,
+) -> None:
+    async with station.client() as client:
+        text = await tool_error(
+            client,
+            "submit_learning",
+            workspace_id=station.workspace_id,
+            kind="rule",
+            summary="Quote in USD",
+            detail="before\x00after",
+        )
+    assert "validation error" in text.lower(), text
+    store = station.store()
+    try:
+        assert store.list_proposals(station.workspace_id) == []
+    finally:
+        store.close()
 
 
 # -- unknown ids ----------------------------------------------------------------------------

@@ -11,6 +11,7 @@ from email.utils import format_datetime, make_msgid
 from pathlib import Path
 from typing import Any
 
+import anyio
 import pytest
 from mcp import Client
 from mcp.types import TextContent, TextResourceContents
@@ -33,7 +34,9 @@ from tests.mcp.conftest import (
     sent_messages,
     station_context,
     to_draft_ready,
+    tool_error,
 )
+from tests.mcp.hooked import WAIT, Hooks, hooked_client
 
 pytestmark = pytest.mark.anyio
 
@@ -243,6 +246,38 @@ async def test_a_second_intake_finds_the_claimed_message_already_done(
     assert claims[0]["task_id"] is None
     assert claims[0]["message"] is None
     assert task_id
+
+
+async def test_a_claim_whose_body_cannot_be_read_stands_and_a_repeat_reads_it_and_the_run_reconciles_clean(
+    station: OperatorStation,
+) -> None:
+    hooks = Hooks()
+    station.deliver(sender=CLIENT, body="first")
+    station.clock.advance(minutes=1)
+    station.deliver(sender=COLLEAGUE, subject="Other", body="second")
+    with anyio.fail_after(WAIT):
+        async with hooked_client(station, hooks) as client:
+            scanned = await call(client, "intake", mailbox_id=MAILBOX)
+            a, b = scanned["items"]
+            hooks.body_failures = 1
+            claimed = await call(client, "claim", run_id=a["run_id"], item_ref=a["item_ref"])
+            again = await call(client, "claim", run_id=a["run_id"], item_ref=a["item_ref"])
+            other = await call(client, "claim", run_id=b["run_id"], item_ref=b["item_ref"])
+            reconciliation = await call(client, "reconcile", run_id=a["run_id"])
+    assert claimed["outcome"] == "CLAIMED" and claimed["task_id"] is not None
+    assert claimed["message"] is None
+    assert claimed["message_error"]
+    assert "could not be read" in claimed["message_error"]
+    for key in ("outcome", "disposition", "task_id", "task_created", "detail"):
+        assert again[key] == claimed[key], key
+    # The repeat read the body again (the provider answers now) and claimed nothing twice.
+    assert again["message_error"] is None
+    assert again["message"] is not None and "first" in again["message"]["body_text"]
+    assert other["outcome"] == "CLAIMED"
+    assert other["task_id"] not in (None, claimed["task_id"])
+    assert other["message"] is not None
+    assert reconciliation["clean"] is True
+    assert reconciliation["reconciliation_failed"] == 0
 
 
 # -- untrusted content --------------------------------------------------------------------
@@ -901,6 +936,27 @@ async def test_reconcile_of_a_run_with_an_unclaimed_item_reports_it_failed(
     assert figures["scanned"] == 2
     assert figures["reconciliation_failed"] == 1
     assert figures["clean"] is False
+
+
+async def test_reconciling_a_run_another_live_server_holds_is_a_tool_error_and_leaves_the_run_to_it(
+    station: OperatorStation,
+) -> None:
+    station.deliver(sender=CLIENT, body="first")
+    station.clock.advance(minutes=1)
+    station.deliver(sender=COLLEAGUE, subject="Other", body="second")
+    async with station.client() as holder, station.client() as other:
+        scanned = await call(holder, "intake", mailbox_id=MAILBOX)
+        one, two = scanned["items"]
+        first = await call(holder, "claim", run_id=one["run_id"], item_ref=one["item_ref"])
+        assert first["outcome"] == "CLAIMED"
+        text = await tool_error(other, "reconcile", run_id=one["run_id"])
+        assert "still open" in text
+        second = await call(holder, "claim", run_id=two["run_id"], item_ref=two["item_ref"])
+        reconciliation = await call(holder, "reconcile", run_id=one["run_id"])
+    assert second["outcome"] == "CLAIMED"
+    assert second["disposition"] != "RECONCILIATION_FAILED"
+    assert reconciliation["clean"] is True
+    assert reconciliation["reconciliation_failed"] == 0
 
 
 # -- submit_learning ----------------------------------------------------------------------

@@ -2,7 +2,8 @@
 gets a JSON-RPC error with its id (null when the line is not JSON), a host reply the SDK
 cannot read fails the tool call that waited on it, and the server answers the next request.
 
-The SDK's stdio reader used to drop them (see mcp_server/stdio.py): the host waited forever.
+The SDK's own stdio reader drops them, which would leave the host waiting forever: the server
+answers them itself (see mcp_server/stdio.py).
 """
 
 from __future__ import annotations

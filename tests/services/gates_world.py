@@ -11,11 +11,11 @@ from agent.domain.envelope import Address, Envelope
 from agent.domain.gates import DraftFacts, GateResult, draft_digest
 from agent.domain.states import TaskState
 from agent.domain.task import Task
-from agent.ports import Store
+from agent.ports import EmbeddedStore
 from agent.rendering.render import RenderedMessage, render_message, reply_subject
-from agent.services import gate_check, intake, workspaces
+from agent.services import approvals, gate_check, intake, workspaces
 from agent.testing import FrozenClock, InMemoryProvider, make_envelope
-from tests.conftest import run_intake
+from tests.conftest import context_yaml, run_intake
 
 MAILBOX = "support@fabrikam.test"
 CLIENT = "dana.levi@contoso.test"
@@ -32,9 +32,19 @@ def with_colleague(text: str) -> str:
     return text.replace("contacts:\n", "contacts:\n" + EXTRA_CONTACTS, 1)
 
 
+SECOND_APPROVER = "maya.sade@fabrikam.test"
+TWO_APPROVERS = with_colleague(context_yaml()).replace(
+    "contacts:\n",
+    "contacts:\n  - {address: maya.sade@fabrikam.test, name: Maya Sade, side: internal, "
+    "roles: [approver]}\n",
+    1,
+)
+"""The test context with the colleague and a second approver."""
+
+
 @dataclass
 class World:
-    store: Store
+    store: EmbeddedStore
     data_dir: workspaces.DataDir
     workspace_id: str
     clock: FrozenClock
@@ -112,3 +122,36 @@ class World:
 
 def address(value: str, name: str = "") -> Address:
     return Address(address=value, name=name)
+
+
+# -- a client request and its approval -----------------------------------------------------
+
+
+async def approval_requested(world: World) -> tuple[str, str]:
+    """A client's request worked to a draft and sent for approval: the task and the approval
+    request's Message-ID."""
+    world.deliver(sender=CLIENT, thread=1, text="Quote please")
+    await world.intake()
+    task = world.to_draft_ready(world.only_task().task_id)
+    request = await approvals.request_approval(
+        world.store, world.box, task.task_id, "d1", world.render(task), (CLIENT,), world.clock
+    )
+    return task.task_id, request.internet_message_id
+
+
+async def approved_by_reply(world: World) -> tuple[str, str, str]:
+    """``approval_requested``, then approved by the approver's reply: the task, the request's
+    and the approval's Message-IDs."""
+    task_id, request = await approval_requested(world)
+    world.clock.advance(minutes=1)
+    approval = world.deliver(sender=APPROVER, thread="a", text="Approved.", in_reply_to=request)
+    await world.intake()
+    assert world.task(task_id).state is TaskState.APPROVED_TO_SEND
+    assert approval.internet_message_id is not None
+    return task_id, request, approval.internet_message_id
+
+
+def ready_for_client(world: World, task_id: str) -> bool:
+    """Whether the gate lets the task's current draft go to the client."""
+    task = world.task(task_id)
+    return world.gate(task, world.render(task), (CLIENT,)).ready

@@ -17,7 +17,15 @@ from agent.services import approvals, closure, workspaces
 from agent.storage.sqlite import SqliteStore
 from agent.testing import FrozenClock
 from tests.conftest import context_yaml
-from tests.services.gates_world import APPROVER, CLIENT, COLLEAGUE, World, with_colleague
+from tests.services.gates_world import (
+    APPROVER,
+    CLIENT,
+    COLLEAGUE,
+    TWO_APPROVERS,
+    World,
+    approval_requested,
+    with_colleague,
+)
 
 pytestmark = pytest.mark.anyio
 
@@ -252,3 +260,43 @@ async def test_the_requester_loop_is_closed_before_release_even_with_client_send
     closure.release(world.store, task.task_id, TaskState.PARTIALLY_COMPLETED, "half done", clock)
     done = world.task(task.task_id)
     assert done.state is TaskState.PARTIALLY_COMPLETED and done.requester_loop_closed
+
+
+# -- asking again: a new approval request, a reopened requester loop -----------------------
+
+
+async def test_asking_again_for_the_same_draft_after_changes_sends_a_new_request(
+    make_world: Callable[..., World],
+) -> None:
+    world = make_world(TWO_APPROVERS)
+    task_id, request = await approval_requested(world)
+    world.clock.advance(minutes=1)
+    world.deliver(sender=APPROVER, thread="a", text="Please fix the date.", in_reply_to=request)
+    await world.intake()
+    world.store.transition_task(task_id, TaskState.DRAFT_READY, "kept as is", world.clock.now())
+    task = world.task(task_id)
+    again = await approvals.request_approval(
+        world.store, world.box, task_id, "d1", world.render(task), (CLIENT,), world.clock
+    )
+    assert again.internet_message_id != request
+    task = world.task(task_id)
+    assert task.state is TaskState.WAITING_INTERNAL_APPROVAL
+    assert len([m for m in world.box.sent if m.subject.startswith("Approval needed")]) == 2
+
+
+async def test_the_requester_loop_reopens_when_the_requester_asks_again(
+    make_world: Callable[..., World],
+) -> None:
+    world = make_world(with_colleague(context_yaml()))
+    world.deliver(sender=COLLEAGUE, thread=1, text="Q3 numbers please")
+    await world.intake()
+    task = world.only_task()
+    await closure.reply_to_requester(world.store, world.box, task.task_id, complete="Q3",
+                                     remaining="", clock=world.clock)  # fmt: skip
+    assert world.task(task.task_id).requester_loop_closed
+    world.clock.advance(hours=1)
+    world.deliver(sender=COLLEAGUE, thread=1, text="Now Q4 too please")
+    await world.intake()
+    assert not world.task(task.task_id).requester_loop_closed
+    with pytest.raises(GateRefused):
+        closure.release(world.store, task.task_id, TaskState.COMPLETED, "done", world.clock)

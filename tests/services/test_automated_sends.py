@@ -7,17 +7,20 @@ from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import anyio
+import anyio.lowlevel
 import pytest
 
 from agent.domain.dispositions import Disposition
+from agent.domain.envelope import Address
 from agent.domain.errors import ProviderError
 from agent.domain.mail import Handover, OutgoingMessage, SendResult
-from agent.domain.records import SendState
+from agent.domain.records import SendIntent, SendState
 from agent.domain.states import TaskState
-from agent.services import workspaces
+from agent.services import outbound, workspaces
 from agent.storage.sqlite import SqliteStore
 from agent.testing import InMemoryProvider
-from tests.conftest import context_yaml
+from tests.conftest import context_yaml, run_intake
 from tests.services.gates_world import APPROVER, CLIENT, MAILBOX, World
 
 pytestmark = pytest.mark.anyio
@@ -203,3 +206,128 @@ async def test_no_acknowledgement_outside_its_bounds(
     result = await world.intake()
     assert [i.disposition for i in result.items] == [Disposition.QUEUED]
     assert world.box.sent == []
+
+
+# -- acknowledgements across mailboxes and held sends --------------------------------------
+
+
+async def test_one_acknowledgement_for_a_message_received_by_two_of_the_workspaces_mailboxes(
+    make_world: Callable[..., World],
+) -> None:
+    text = (
+        context_yaml(extra="receipt_ack: true\ncommunication: {ack_templates: {en: We got it.}}\n")
+        .replace("receipt_ack: false\n", "")
+        .replace(
+            "mailboxes:\n",
+            "mailboxes:\n  - {mailbox_id: sales@fabrikam.test, provider: memory}\n",
+        )
+        .replace(
+            "mailboxes: [support@fabrikam.test]",
+            "mailboxes: [support@fabrikam.test, sales@fabrikam.test]",
+        )
+    )
+    world = make_world(text)
+    sales = InMemoryProvider("sales@fabrikam.test")
+    envelope = world.deliver(sender=CLIENT, thread=1, text="Hello")
+    sales.deliver(envelope.model_copy(update={"mailbox_id": "sales@fabrikam.test"}), "Hello")
+    result = await run_intake(world.store, world.data_dir, world.workspace_id, world.clock,
+                              world.box, sales)  # fmt: skip
+    assert [i.disposition for i in result.items] == [Disposition.ACK_SENT] * 2
+    assert len(world.box.sent) + len(sales.sent) == 1
+
+
+@pytest.mark.parametrize(
+    ("old", "new"),
+    [
+        ("client_send_policy: draft_for_internal_approval", "client_send_policy: sends_disabled"),
+        ("licence: active", "licence: suspended"),
+    ],
+)
+async def test_no_acknowledgement_while_client_sends_are_held_or_the_licence_fails(
+    make_world: Callable[..., World], old: str, new: str
+) -> None:
+    text = context_yaml(extra="receipt_ack: true\ncommunication: {ack_templates: {en: Got it.}}\n")
+    world = make_world(text.replace("receipt_ack: false\n", "").replace(old, new))
+    world.deliver(sender=CLIENT, thread=1, text="Hello")
+    await world.intake()
+    assert world.box.sent == []
+
+
+# -- one send per intent, however many try -------------------------------------------------
+
+
+async def test_recovering_a_stale_intent_sends_once_however_many_workers_try(
+    make_world: Callable[..., World],
+) -> None:
+    world = make_world(context_yaml())
+    intent = SendIntent(
+        key="reminder|stale",
+        workspace_id=world.workspace_id,
+        kind="reminder",
+        task_id=None,
+        internet_message_id="<stale@fabrikam.test>",
+        recipients=(APPROVER,),
+        automated=False,
+        holder="another-host:1:1",
+    )
+    world.store.begin_send(intent, world.clock.now() - timedelta(minutes=11))
+    message = OutgoingMessage(
+        provider_thread_id="",
+        sender=Address(address=MAILBOX),
+        to=(Address(address=APPROVER),),
+        subject="Reminder",
+        text="x",
+        internet_message_id="<stale@fabrikam.test>",
+    )
+    outcomes: list[outbound.SendStatus] = []
+
+    async def worker(n: int) -> None:
+        mine = intent.model_copy(update={"holder": f"this-host:{n}:1"})
+        outcomes.append((await outbound.send_once(world.store, world.box, mine, message,
+                                                  world.clock)).status)  # fmt: skip
+
+    async with anyio.create_task_group() as group:
+        for n in range(4):
+            group.start_soon(worker, n)
+    assert len(world.box.sent) == 1
+    assert sorted(outcomes).count(outbound.SendStatus.SENT) == 1
+
+
+class SlowReadBack(InMemoryProvider):
+    async def read_back(self, internet_message_id: str) -> object:  # type: ignore[override]
+        await anyio.lowlevel.checkpoint()  # yields, as a network read would
+        return await super().read_back(internet_message_id)
+
+
+async def test_two_coroutines_of_one_worker_never_send_one_intent_twice(
+    make_world: Callable[..., World],
+) -> None:
+    world = make_world(context_yaml())
+    world.box = SlowReadBack(MAILBOX)
+    intent = SendIntent(
+        key="reminder|mine",
+        workspace_id=world.workspace_id,
+        kind="reminder",
+        task_id=None,
+        internet_message_id="<mine@fabrikam.test>",
+        recipients=(APPROVER,),
+        automated=False,
+    )
+    message = OutgoingMessage(
+        provider_thread_id="",
+        sender=Address(address=MAILBOX),
+        to=(Address(address=APPROVER),),
+        subject="Reminder",
+        text="x",
+        internet_message_id="<mine@fabrikam.test>",
+    )
+    mine = intent.model_copy(update={"holder": outbound.current_holder()})
+    world.store.begin_send(mine, world.clock.now() - timedelta(minutes=1))  # an earlier attempt
+
+    async def worker() -> None:
+        await outbound.send_once(world.store, world.box, intent, message, world.clock)
+
+    async with anyio.create_task_group() as group:
+        for _ in range(3):
+            group.start_soon(worker)
+    assert len(world.box.sent) == 1

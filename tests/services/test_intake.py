@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import mailbox
 import socket
 import textwrap
 from collections.abc import Callable
@@ -13,7 +14,7 @@ import pytest
 
 from agent.domain.dispositions import Disposition, GateKind
 from agent.domain.envelope import Address
-from agent.domain.errors import RegistryError
+from agent.domain.errors import RegistryError, UnknownWorkspace
 from agent.domain.run import LedgerEntry
 from agent.domain.states import TaskState
 from agent.providers.maildir import MaildirProvider
@@ -23,6 +24,7 @@ from agent.storage.sqlite import SqliteStore
 from agent.testing import FrozenClock, InMemoryProvider, make_envelope
 from tests.conftest import context_yaml
 from tests.conftest import run_intake as cycle
+from tests.services.gates_world import APPROVER, CLIENT, World, with_colleague
 
 pytestmark = pytest.mark.anyio
 MAILBOX = "support@fabrikam.test"
@@ -230,11 +232,14 @@ async def test_items_are_handled_oldest_first_whatever_order_the_provider_lists_
     ]
 
 
-async def test_a_run_for_an_unregistered_workspace_fails_with_what_to_do(
+async def test_a_run_for_an_unregistered_workspace_fails_naming_the_workspace(
     station_store: SqliteStore, data_dir: workspaces.DataDir, clock: FrozenClock
 ) -> None:
-    with pytest.raises(RegistryError, match="outloop workspace add"):
+    # The core names the workspace; each front end says what to run (tests/test_cli.py and
+    # tests/mcp/test_bad_input.py check that wording).
+    with pytest.raises(UnknownWorkspace, match="no workspace ws-nobody is registered") as caught:
         await cycle(station_store, data_dir, "ws-nobody", clock, InMemoryProvider(MAILBOX))
+    assert isinstance(caught.value, RegistryError) and caught.value.workspace_id == "ws-nobody"
 
 
 async def test_an_unreadable_mailbox_is_an_access_gap_and_the_other_mailboxes_still_run(
@@ -337,3 +342,220 @@ async def test_a_long_run_renews_its_own_lease_as_it_goes(
     # minutes in).
     assert len(renewals) == 3
     assert renewals == sorted(renewals)
+
+
+# -- every item of a run gets its own outcome, whatever it holds ---------------------------
+
+
+async def test_the_same_file_name_in_two_mailboxes_is_two_items(
+    station_store: SqliteStore, data_dir: workspaces.DataDir, clock: FrozenClock,
+    register: Callable[[str], str], tmp_path: Path,
+) -> None:  # fmt: skip
+    paths = {name: tmp_path / name / "Maildir" for name in ("ops", "archive")}
+    for n, path in enumerate(paths.values()):
+        path.parent.mkdir()
+        mailbox.Maildir(str(path), create=True)
+        (path / "new" / "archive-0001.eml").write_bytes(
+            f"From: dana.levi@contoso.test\nTo: {MAILBOX}\nSubject: Copy {n}\nMessage-ID: <c{n}@x.test>\n\nbody {n}\n".encode()
+        )
+    text = (
+        context_yaml(provider="maildir", path=str(paths["ops"]))
+        .replace(
+            "mailboxes:\n",
+            f"mailboxes:\n  - {{mailbox_id: archive@fabrikam.test, provider: maildir, path: {paths['archive']}}}\n",
+        )
+        .replace(
+            "grants: {licence: active, mailboxes: [",
+            "grants: {licence: active, mailboxes: [archive@fabrikam.test, ",
+        )
+    )
+    ws = register(text)
+    providers = {
+        MAILBOX: MaildirProvider(paths["ops"], MAILBOX),
+        "archive@fabrikam.test": MaildirProvider(paths["archive"], "archive@fabrikam.test"),
+    }
+    result = await cycle(station_store, data_dir, ws, clock, *providers.values())
+    assert len(result.items) == 2 and {i.disposition for i in result.items} == {Disposition.QUEUED}
+    assert result.reconciliation is not None and result.reconciliation.clean
+
+
+async def test_malformed_files_in_a_maildir_are_recorded_and_nothing_stops_the_run(
+    station_store: SqliteStore, data_dir: workspaces.DataDir, clock: FrozenClock,
+    register: Callable[[str], str], tmp_path: Path,
+) -> None:  # fmt: skip
+    path = tmp_path / "Maildir"
+    mailbox.Maildir(str(path), create=True)
+    nested = (
+        b"".join(
+            f'Content-Type: multipart/mixed; boundary="b{i}"\n\n--b{i}\n'.encode()
+            for i in range(100)
+        )
+        + b"Content-Type: text/plain\n\ndeep\n"
+    )
+    files = {
+        "a-no-msgid.eml": b"From: a@contoso.test\nTo: support@fabrikam.test\nSubject: no id\n\nhello\n",
+        "b-far-future.eml": b"From: b@contoso.test\nDate: Fri, 31 Dec 9999 23:59:59 -0100\nMessage-ID: <f@x>\nSubject: future\n\nx\n",
+        "c-bad-charset.eml": b"From: =?bogus?Q?x?= <c@contoso.test>\nSubject: =?utf-8?B?####?=\nContent-Type: text/plain; charset=x-unknown\nMessage-ID: <c@x>\n\n\xff\xfe\n",
+        "d-cr-in-header.eml": b"From: d@contoso.test\nSubject: one\rtwo\nMessage-ID: <d@x>\n\nx\n",
+        "e-empty-body.eml": b"From: e@contoso.test\nMessage-ID: <e@x>\nSubject: empty\n\n",
+        "f-nested.eml": b"From: f@contoso.test\nMessage-ID: <f2@x>\nMIME-Version: 1.0\n" + nested,
+        "g-empty.eml": b"",
+        "h-dup-id-1.eml": b"From: h@contoso.test\nMessage-ID: <dup@x>\nSubject: first\n\none\n",
+        "i-dup-id-2.eml": b"From: i@other.test\nMessage-ID: <dup@x>\nSubject: second\n\ntwo\n",
+    }
+    for name, data in files.items():
+        (path / "new" / name).write_bytes(data)
+    ws = register(context_yaml(provider="maildir", path=str(path)))
+    result = await cycle(station_store, data_dir, ws, clock, MaildirProvider(path, MAILBOX))
+    by_name = {i.item_ref.rsplit(":", 1)[-1]: i for i in result.items}
+    assert set(by_name) == set(files)
+    assert by_name["g-empty.eml"].disposition is Disposition.ESCALATED
+    assert "could not be normalized" in by_name["g-empty.eml"].detail
+    for name in set(files) - {"g-empty.eml"}:
+        assert by_name[name].disposition is Disposition.QUEUED, name
+    # Two different messages sharing a Message-ID are two occurrences and two tasks.
+    assert by_name["h-dup-id-1.eml"].task_id != by_name["i-dup-id-2.eml"].task_id
+    rec = result.reconciliation
+    assert rec is not None and rec.clean and rec.scanned == len(files)
+
+
+class Exploding(InMemoryProvider):
+    async def fetch_body(self, body_ref: str) -> object:  # type: ignore[override]
+        if body_ref == "pm-1":
+            raise ValueError("a bug in an adapter")
+        return await super().fetch_body(body_ref)
+
+
+async def test_an_unexpected_error_in_one_item_does_not_stop_the_others(
+    make_world: Callable[..., World],
+) -> None:
+    acks = "receipt_ack: true\ncommunication: {ack_templates: {en: We got it.}}\n"
+    world = make_world(context_yaml(extra=acks).replace("receipt_ack: false\n", ""))
+    world.box = Exploding(MAILBOX)
+    world.deliver(sender=CLIENT, thread=1, text="first")
+    world.deliver(sender=CLIENT, thread=2, text="second")
+    result = await world.intake()
+    assert len(result.item_errors) == 1 and "ValueError" in result.item_errors[0]
+    assert [i.disposition for i in result.items] == [Disposition.ACK_SENT]
+    assert any("intake item" in h.key for h in world.store.list_health())
+
+
+# -- which task a message joins ------------------------------------------------------------
+
+
+async def test_a_reused_message_id_does_not_pull_a_new_request_into_another_thread(
+    station_store: SqliteStore, data_dir: workspaces.DataDir, clock: FrozenClock,
+    register: Callable[[str], str], tmp_path: Path,
+) -> None:  # fmt: skip
+    path = tmp_path / "Maildir"
+    box = mailbox.Maildir(str(path), create=True)
+
+    def add(sender: str, mid: str, subject: str, parent: str | None = None) -> None:
+        head = f"From: {sender}\r\nTo: {MAILBOX}\r\nSubject: {subject}\r\nMessage-ID: {mid}\r\n"
+        if parent:
+            head += f"In-Reply-To: {parent}\r\nReferences: {parent}\r\n"
+        box.add((head + "\r\nbody\r\n").encode())
+
+    add("dana.levi@contoso.test", "<x@contoso.test>", "Contoso contract")
+    add("dana.levi@contoso.test", "<dup@mailer.test>", "Re: Contoso contract", "<x@contoso.test>")
+    add("someone@other-client.test", "<dup@mailer.test>", "Unrelated new request")
+    ws = register(context_yaml(provider="maildir", path=str(path)))
+    await cycle(station_store, data_dir, ws, clock, MaildirProvider(path, MAILBOX))
+    senders = sorted(
+        tuple(sorted({m.sender for m in t.messages})) for t in station_store.list_tasks(ws)
+    )
+    assert senders == [("dana.levi@contoso.test",), ("someone@other-client.test",)]
+
+
+async def test_reused_message_ids_never_file_a_reply_on_another_senders_task(
+    station_store: SqliteStore, data_dir: workspaces.DataDir, clock: FrozenClock,
+    register: Callable[[str], str], tmp_path: Path,
+) -> None:  # fmt: skip
+    path = tmp_path / "Maildir"
+    box = mailbox.Maildir(str(path), create=True)
+
+    def add(sender: str, mid: str, subject: str, date: str, parent: str | None = None) -> None:
+        head = f"From: {sender}\r\nTo: {MAILBOX}\r\nSubject: {subject}\r\nMessage-ID: {mid}\r\nDate: {date}\r\n"
+        if parent:
+            head += f"In-Reply-To: {parent}\r\nReferences: {parent}\r\n"
+        box.add((head + f"\r\n{subject} body\r\n").encode())
+
+    add(
+        "someone@other-client.test",
+        "<x@contoso.test>",
+        "Unrelated new request",
+        "Mon, 30 Nov 2026 07:00:00 +0000",
+    )
+    add(
+        "dana.levi@contoso.test",
+        "<x@contoso.test>",
+        "Contoso contract",
+        "Mon, 30 Nov 2026 08:00:00 +0000",
+    )
+    add(
+        "dana.levi@contoso.test",
+        "<b@contoso.test>",
+        "Re: Contoso contract",
+        "Mon, 30 Nov 2026 08:30:00 +0000",
+        "<x@contoso.test>",
+    )
+    add(
+        "dana.levi@contoso.test",
+        "<dup@mailer.test>",
+        "Re: Contoso contract",
+        "Mon, 30 Nov 2026 08:40:00 +0000",
+        "<x@contoso.test>",
+    )
+    add("other@third.test", "<dup@mailer.test>", "Third request", "Mon, 30 Nov 2026 09:00:00 +0000")
+    add(
+        "other@third.test",
+        "<c@third.test>",
+        "Re: Third request",
+        "Mon, 30 Nov 2026 10:00:00 +0000",
+        "<dup@mailer.test>",
+    )
+    ws = register(context_yaml(provider="maildir", path=str(path)))
+    await cycle(station_store, data_dir, ws, clock, MaildirProvider(path, MAILBOX))
+    for task in station_store.list_tasks(ws):
+        senders = {m.sender for m in task.messages}
+        assert len(senders) == 1, (task.title, senders)
+
+
+async def test_an_auto_reply_never_resumes_a_task_waiting_for_the_client_even_with_a_gate_open(
+    station_store: SqliteStore, data_dir: workspaces.DataDir, clock: FrozenClock,
+    register: Callable[[str], str],
+) -> None:  # fmt: skip
+    ws = register(context_yaml(licence="suspended"))  # every task carries a preflight gate
+    box = InMemoryProvider(MAILBOX)
+    box.deliver(make_envelope(mailbox_id=MAILBOX, message_no=1, thread_no=1))
+    await cycle(station_store, data_dir, ws, clock, box)
+    [task] = station_store.list_tasks(ws)
+    station_store.transition_task(task.task_id, TaskState.WAITING_CLIENT, "asked", clock.now())
+    box.deliver(
+        make_envelope(
+            mailbox_id=MAILBOX,
+            message_no=2,
+            thread_no=1,
+            in_reply_to="<m1@example.test>",
+            auto_submitted="auto-replied",
+        )
+    )
+    await cycle(station_store, data_dir, ws, clock, box)
+    [same] = station_store.list_tasks(ws)
+    assert same.state is TaskState.WAITING_CLIENT
+
+
+async def test_a_colleagues_reply_to_a_reminder_does_not_resume_a_task_waiting_on_the_client(
+    make_world: Callable[..., World],
+) -> None:
+    world = make_world(with_colleague(context_yaml()))
+    world.deliver(sender=CLIENT, thread=1)
+    await world.intake()
+    task = world.only_task()
+    world.store.transition_task(task.task_id, TaskState.WAITING_CLIENT, "asked", world.clock.now())
+    world.clock.advance(hours=1)
+    world.deliver(sender=APPROVER, thread=1, text="I'll call them tomorrow")
+    result = await world.intake()
+    assert [i.disposition for i in result.items if i.task_id][-1] is Disposition.WAITING_CLIENT
+    after = world.task(task.task_id)
+    assert after.state is TaskState.WAITING_CLIENT and after.requester is None

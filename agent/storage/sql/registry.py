@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from datetime import UTC, datetime
 
-from agent.domain.errors import RegistryError
+from agent.domain.errors import UnknownWorkspace, WorkspaceExists
 from agent.domain.records import (
     Binding,
     WorkspaceRow,
@@ -31,10 +31,7 @@ class RegistryRows(SqlBase):
                 ),
             ).fetchone()
             if inserted is None:
-                raise RegistryError(
-                    f"workspace {row.workspace_id} is already registered; use "
-                    "'outloop workspace update' to replace its context"
-                )
+                raise WorkspaceExists(row.workspace_id)
             self._write_bindings(conn, row.workspace_id, bindings)
 
         def verify(conn: Tx) -> Verified[None]:
@@ -62,10 +59,7 @@ class RegistryRows(SqlBase):
                 ),
             ).fetchone()
             if updated is None:
-                raise RegistryError(
-                    f"workspace {row.workspace_id} is not registered; use 'outloop workspace "
-                    "add' first"
-                )
+                raise UnknownWorkspace(row.workspace_id)
             conn.execute("DELETE FROM mailbox_bindings WHERE workspace_id = ?", (row.workspace_id,))
             self._write_bindings(conn, row.workspace_id, bindings)
 

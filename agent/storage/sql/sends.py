@@ -35,62 +35,16 @@ class SendRows(SqlBase):
         )
 
     def begin_send(self, intent: SendIntent, now: datetime, cap: int | None = None) -> SendRecord:
-        window = ts(now - timedelta(hours=24))
-
         def body(conn: Tx) -> SendRecord:
-            # Automated sends of one workspace are decided one at a time, so two workers
-            # can never both squeeze under the cap.
-            locked = conn.execute(
-                "SELECT workspace_id FROM workspaces WHERE workspace_id = ?" + self.FOR_UPDATE,
-                (intent.workspace_id,),
-            ).fetchone()
-            if locked is None:
-                raise StoreError(
-                    f"workspace {intent.workspace_id} is not registered; only a registered "
-                    "workspace sends mail (outloop workspace add)"
-                )
+            self._lock_workspace(conn, intent.workspace_id)
             existing = conn.execute("SELECT * FROM sends WHERE key = ?", (intent.key,)).fetchone()
             if existing is not None:
                 return self._send(existing)
             if intent.automated and cap is not None:
-                for address in intent.recipients:
-                    row = conn.execute(
-                        "SELECT count(*) AS n FROM send_recipients WHERE workspace_id = ?"
-                        " AND address = ? AND created_at > ?",
-                        (intent.workspace_id, address, window),
-                    ).fetchone()
-                    if int(row["n"]) >= cap:
-                        return SendRecord(
-                            **intent.model_dump(exclude={"automated"}),
-                            state=SendState.REFUSED,
-                            detail=f"{address} already had {cap} automated messages in the last"
-                            " 24 hours (automation.max_per_recipient_per_day)",
-                            created_at=now,
-                        )
-            row = conn.execute(
-                "INSERT INTO sends (key, workspace_id, kind, task_id, internet_message_id,"
-                " recipients, holder, state, detail, created_at, cc)"
-                " VALUES (?, ?, ?, ?, ?, ?, ?, 'intent', '', ?, ?) RETURNING *",
-                (
-                    intent.key,
-                    intent.workspace_id,
-                    intent.kind,
-                    intent.task_id,
-                    intent.internet_message_id,
-                    json.dumps(list(intent.recipients)),
-                    intent.holder,
-                    ts(now),
-                    json.dumps(list(intent.cc)),
-                ),
-            ).fetchone()
-            if intent.automated:
-                for address in dict.fromkeys(intent.recipients):
-                    conn.execute(
-                        "INSERT INTO send_recipients (key, workspace_id, address, created_at)"
-                        " VALUES (?, ?, ?, ?)",
-                        (intent.key, intent.workspace_id, address, ts(now)),
-                    )
-            return self._send(row, created=True)
+                refused = self._over_cap(conn, intent, now, cap)
+                if refused is not None:
+                    return refused
+            return self._insert_intent(conn, intent, now)
 
         def verify(conn: Tx) -> Verified[SendRecord]:
             row = conn.execute(
@@ -99,6 +53,67 @@ class SendRows(SqlBase):
             return (self._send(row, created=True),) if row is not None else None
 
         return self._write(body, verify)
+
+    def _lock_workspace(self, conn: Tx, workspace_id: str) -> None:
+        """Automated sends of one workspace are decided one at a time, so two workers can
+        never both squeeze under the cap; only a registered workspace sends mail."""
+        locked = conn.execute(
+            "SELECT workspace_id FROM workspaces WHERE workspace_id = ?" + self.FOR_UPDATE,
+            (workspace_id,),
+        ).fetchone()
+        if locked is None:
+            raise StoreError(
+                f"workspace {workspace_id} is not registered; only a registered workspace "
+                "sends mail"
+            )
+
+    @staticmethod
+    def _over_cap(conn: Tx, intent: SendIntent, now: datetime, cap: int) -> SendRecord | None:
+        """A REFUSED record (stored nowhere) when a recipient already had ``cap`` automated
+        messages in the 24 hours before ``now``; else None."""
+        window = ts(now - timedelta(hours=24))
+        for address in intent.recipients:
+            row = conn.execute(
+                "SELECT count(*) AS n FROM send_recipients WHERE workspace_id = ?"
+                " AND address = ? AND created_at > ?",
+                (intent.workspace_id, address, window),
+            ).fetchone()
+            if int(row["n"]) >= cap:
+                return SendRecord(
+                    **intent.model_dump(exclude={"automated"}),
+                    state=SendState.REFUSED,
+                    detail=f"{address} already had {cap} automated messages in the last"
+                    " 24 hours (automation.max_per_recipient_per_day)",
+                    created_at=now,
+                )
+        return None
+
+    def _insert_intent(self, conn: Tx, intent: SendIntent, now: datetime) -> SendRecord:
+        """Ledger the intent (and, for an automated send, each recipient against the cap)."""
+        row = conn.execute(
+            "INSERT INTO sends (key, workspace_id, kind, task_id, internet_message_id,"
+            " recipients, holder, state, detail, created_at, cc)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?, 'intent', '', ?, ?) RETURNING *",
+            (
+                intent.key,
+                intent.workspace_id,
+                intent.kind,
+                intent.task_id,
+                intent.internet_message_id,
+                json.dumps(list(intent.recipients)),
+                intent.holder,
+                ts(now),
+                json.dumps(list(intent.cc)),
+            ),
+        ).fetchone()
+        if intent.automated:
+            for address in dict.fromkeys(intent.recipients):
+                conn.execute(
+                    "INSERT INTO send_recipients (key, workspace_id, address, created_at)"
+                    " VALUES (?, ?, ?, ?)",
+                    (intent.key, intent.workspace_id, address, ts(now)),
+                )
+        return self._send(row, created=True)
 
     def take_over_send(self, key: str, previous_holder: str, holder: str, now: datetime) -> bool:
         def body(conn: Tx) -> bool:

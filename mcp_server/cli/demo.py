@@ -3,12 +3,14 @@
 It seeds a Maildir (Hebrew and English requests, a follow-up in a thread, an auto-reply and
 the same message delivered twice), registers a demo workspace, runs one intake cycle, and
 shows claims, tasks, dispositions and the reconciliation; then it replays the mailbox to
-show that nothing is claimed or created twice. Output goes through ``echo`` (the CLI's).
+show that nothing is claimed or created twice. Without --data-dir (or OUTLOOP_DATA_DIR) it
+works in a fresh temporary directory.
 """
 
 from __future__ import annotations
 
 import mailbox
+import tempfile
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from email.message import EmailMessage
@@ -17,13 +19,15 @@ from email.utils import format_datetime, make_msgid
 from pathlib import Path
 
 import anyio
+import click
 
 from agent.domain.context import MailboxBinding
-from agent.domain.errors import RegistryError
+from agent.domain.errors import OutloopError, RegistryError
 from agent.providers.maildir import MaildirProvider
 from agent.services import intake, workspaces
 from agent.services.clock import SystemClock
-from mcp_server.composition import Station, open_station, provider_for
+from mcp_server.cli.shared import data_dir_option, fail, read_settings
+from mcp_server.composition import Settings, Station, open_station
 
 WORKSPACE_ID = "ws-demo-0001"
 MAILBOX = "support@outloop-demo.test"
@@ -172,9 +176,22 @@ async def _subjects(maildir: Path) -> dict[str, str]:
     }
 
 
-def run(root: Path, echo: Callable[[str], None]) -> None:
+@click.command("demo")
+@data_dir_option
+def demo_command(data_dir: Path | None) -> None:
+    """Seed a Maildir with sample mail, run one cycle, show claims, tasks and reconciliation."""
+    root = data_dir if data_dir is not None else Path(tempfile.mkdtemp(prefix="outloop-demo-"))
+    click.echo(f"demo data directory: {root}")
+    try:
+        run(read_settings(root), click.echo)
+    except OutloopError as exc:
+        fail(exc)
+
+
+def run(settings: Settings, echo: Callable[[str], None]) -> None:
     now = datetime.now(UTC)
-    station = open_station(root)
+    root = settings.data_dir
+    station = open_station(settings)
     try:
         demo_dir = root / "demo"
         maildir = demo_dir / "Maildir"
@@ -226,7 +243,7 @@ def run(root: Path, echo: Callable[[str], None]) -> None:
             echo(f"{task.task_id}  {task.state.value:<14} {len(task.messages)} msg  {task.title}")
             echo(f"{'':30}  next: {task.next_action.description}")
             echo(f"{'':30}  owner: {task.next_action.owner}")
-        queue = station.store.list_queue(WORKSPACE_ID)
+        queue = station.board.list_queue(WORKSPACE_ID)
         echo(f"\nqueue (non-terminal tasks, oldest first): {len(queue)}")
     finally:
         station.close()
@@ -239,7 +256,7 @@ async def _cycle(
         store=station.store,
         data_dir=station.data_dir,
         workspace_id=WORKSPACE_ID,
-        provider_for=provider_for,
+        provider_for=station.provider_for,
         clock=SystemClock(),
         on_progress=progress,
     )

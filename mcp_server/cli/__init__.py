@@ -1,0 +1,31 @@
+"""The ``outloop`` command line: a front end above the MCP server, and the only layer that
+prints. One module per command group; each command reads its settings once through the
+composition root (``mcp_server.composition``) and builds what it runs from them."""
+
+from __future__ import annotations
+
+import logging
+
+import click
+
+from mcp_server.cli.bench import bench
+from mcp_server.cli.demo import demo_command
+from mcp_server.cli.fixtures import fixtures
+from mcp_server.cli.run import run_command
+from mcp_server.cli.serve import serve_command
+from mcp_server.cli.workspace import workspace
+
+__all__ = ["main"]
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="outloop")
+def main() -> None:
+    """Outloop: the email workstation for AI agents and operators."""
+    # The PostgreSQL driver's pool logs every connection it discards after a fault as a
+    # warning; the store retries those faults itself and reports what it could not survive.
+    logging.getLogger("psycopg").setLevel(logging.ERROR)
+
+
+for command in (workspace, run_command, demo_command, bench, serve_command, fixtures):
+    main.add_command(command)

@@ -1,0 +1,59 @@
+"""What every command shares: the --data-dir option, the settings, the station, and turning
+the core's errors into one line on stderr."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, NoReturn, TypeVar
+
+import click
+
+from agent import crashpoints
+from agent.domain.errors import OutloopError, UnknownWorkspace, WorkspaceExists
+from mcp_server import composition
+from mcp_server.composition import DATA_DIR_ENV, Settings, Station
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def data_dir_option(func: F) -> F:
+    return click.option(
+        "--data-dir",
+        type=click.Path(file_okay=False, path_type=Path),
+        envvar=DATA_DIR_ENV,
+        default=None,
+        help=f"Outloop data directory (env {DATA_DIR_ENV}; default: the XDG data directory).",
+    )(func)
+
+
+def fail(exc: OutloopError) -> NoReturn:
+    """Exit with the error's sentence, and the command that clears it, as one line on stderr
+    (status 1)."""
+    raise click.ClickException(worded(exc)) from exc
+
+
+def worded(exc: OutloopError) -> str:
+    """The core says what happened; the CLI adds what to run about it."""
+    if isinstance(exc, WorkspaceExists):
+        return f"{exc}; use 'outloop workspace update' to replace its context"
+    if isinstance(exc, UnknownWorkspace):
+        return f"{exc}; register it with 'outloop workspace add --context FILE'"
+    return str(exc)
+
+
+def read_settings(data_dir: Path | None) -> Settings:
+    """The settings of this command: its --data-dir, and the environment read once. A crash
+    test's OUTLOOP_CRASHPOINT is armed here, before anything runs."""
+    settings = composition.read_settings(data_dir=data_dir)
+    if settings.crashpoint:  # test-only switch used by the crash tests
+        crashpoints.arm_from_spec(settings.crashpoint)
+    return settings
+
+
+def open_station(settings: Settings) -> Station:
+    """The station, or a clear error (a bad OUTLOOP_DATABASE_URL, an unreadable data dir)."""
+    try:
+        return composition.open_station(settings)
+    except OutloopError as exc:
+        fail(exc)

@@ -1,0 +1,153 @@
+"""``outloop workspace add|update|show``: the registry of workspaces in the data directory."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import click
+
+from agent.domain.errors import OutloopError
+from agent.domain.records import LearningProposal
+from agent.domain.task import Task
+from agent.domain.untrusted import flag
+from agent.services import workspaces
+from agent.services.clock import SystemClock
+from mcp_server.cli.shared import data_dir_option, fail, open_station, read_settings
+from mcp_server.composition import Station
+
+
+@click.group()
+def workspace() -> None:
+    """Register, update and show workspaces (resolved by immutable workspace id only)."""
+
+
+@workspace.command("add")
+@click.option(
+    "--context",
+    "context_file",
+    required=True,
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="The Workspace Context YAML file (see docs/workspace-context.md).",
+)
+@data_dir_option
+def workspace_add(context_file: Path, data_dir: Path | None) -> None:
+    """Register one workspace from its context file. A duplicate id is refused."""
+    station = open_station(read_settings(data_dir))
+    try:
+        row = workspaces.add_workspace(
+            station.store, station.data_dir, context_file, SystemClock().now()
+        )
+    except OutloopError as exc:
+        fail(exc)
+    else:
+        click.echo(f"registered workspace {row.workspace_id} ({row.label or 'no label'})")
+    finally:
+        station.close()
+
+
+@workspace.command("update")
+@click.option(
+    "--context",
+    "context_file",
+    required=True,
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="The new Workspace Context file; its workspace_id picks the workspace.",
+)
+@data_dir_option
+def workspace_update(context_file: Path, data_dir: Path | None) -> None:
+    """Replace a registered workspace's context (re-read on every run)."""
+    station = open_station(read_settings(data_dir))
+    try:
+        row = workspaces.update_workspace(
+            station.store, station.data_dir, context_file, SystemClock().now()
+        )
+    except OutloopError as exc:
+        fail(exc)
+    else:
+        click.echo(f"updated workspace {row.workspace_id}")
+    finally:
+        station.close()
+
+
+@workspace.command("show")
+@click.option(
+    "--workspace",
+    "workspace_id",
+    default=None,
+    help="Show this workspace's context and queue; default: list all.",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@data_dir_option
+def workspace_show(workspace_id: str | None, as_json: bool, data_dir: Path | None) -> None:
+    """List registered workspaces, or show one with its queue."""
+    station = open_station(read_settings(data_dir))
+    try:
+        if workspace_id is None:
+            _list_workspaces(station, as_json)
+        else:
+            _show_workspace(station, workspace_id, as_json)
+    except OutloopError as exc:
+        fail(exc)
+    finally:
+        station.close()
+
+
+def _list_workspaces(station: Station, as_json: bool) -> None:
+    """Every registered workspace, one per line (or as JSON)."""
+    rows = station.store.list_workspaces()
+    if as_json:
+        click.echo(json.dumps([r.model_dump(mode="json") for r in rows], indent=2))
+        return
+    if not rows:
+        click.echo("no workspaces registered (add one with 'outloop workspace add --context FILE')")
+    for row in rows:
+        click.echo(f"{row.workspace_id}\t{row.label}\t{row.context_path}")
+
+
+def _show_workspace(station: Station, workspace_id: str, as_json: bool) -> None:
+    """One workspace: its context, its queue oldest first, and queued learning proposals."""
+    context = workspaces.load_context(station.store, workspace_id)
+    queue = station.board.list_queue(workspace_id)
+    proposals = station.store.list_proposals(workspace_id)
+    if as_json:
+        shown = {
+            "context": context.model_dump(mode="json", by_alias=True),
+            "queue": [t.model_dump(mode="json") for t in queue],
+            "learning_proposals": [p.model_dump(mode="json") for p in proposals],
+        }
+        click.echo(json.dumps(shown, indent=2, ensure_ascii=False))
+        return
+    click.echo(f"workspace {context.workspace_id} ({context.label})")
+    click.echo(f"  timezone {context.timezone}, language {context.language}")
+    for mailbox in context.mailboxes:
+        click.echo(f"  mailbox {mailbox.mailbox_id} via {mailbox.provider}")
+    _echo_queue(queue)
+    _echo_proposals([p for p in proposals if p.state.value == "queued"])
+
+
+def _echo_queue(queue: list[Task]) -> None:
+    click.echo(f"  queue: {len(queue)} open task(s), oldest first")
+    for task in queue:
+        # Titles and names are untrusted: control characters are written out, and the
+        # task's flags are shown with them.
+        title = flag(task.title).shown
+        sender = f" from {task.sender_name}" if task.sender_name else ""
+        click.echo(
+            f"    {task.received_at:%Y-%m-%d %H:%M} {task.state:<26} {title}"
+            f"{sender} <{task.sender_identity}>"
+        )
+        for warning in task.content_flags:
+            click.echo(f"      ⚠ {warning}")
+
+
+def _echo_proposals(queued: list[LearningProposal]) -> None:
+    if not queued:
+        return
+    # An agent wrote these while reading client mail: shown, never applied.
+    click.echo(
+        f"  learning proposals: {len(queued)} queued (agent-written; apply one by "
+        "editing the context file and running 'outloop workspace update')"
+    )
+    for proposal in queued:
+        click.echo(f"    {proposal.proposal_id} [{proposal.kind}] {flag(proposal.summary).shown}")
