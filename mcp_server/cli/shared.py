@@ -3,7 +3,8 @@ the core's errors into one line on stderr."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Generator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, NoReturn, TypeVar
 
@@ -57,3 +58,16 @@ def open_station(settings: Settings) -> Station:
         return composition.open_station(settings)
     except OutloopError as exc:
         fail(exc)
+
+
+@contextmanager
+def station_for(data_dir: Path | None) -> Generator[Station]:
+    """The station of this command's data directory, closed when the command ends; a core
+    error inside becomes one line on stderr (status 1)."""
+    station = open_station(read_settings(data_dir))
+    try:
+        yield station
+    except OutloopError as exc:
+        fail(exc)
+    finally:
+        station.close()

@@ -7,13 +7,12 @@ from pathlib import Path
 
 import click
 
-from agent.domain.errors import OutloopError
 from agent.domain.records import LearningProposal
 from agent.domain.task import Task
 from agent.domain.untrusted import flag
 from agent.services import workspaces
 from agent.services.clock import SystemClock
-from mcp_server.cli.shared import data_dir_option, fail, open_station, read_settings
+from mcp_server.cli.shared import data_dir_option, station_for
 from mcp_server.composition import Station
 
 
@@ -33,17 +32,11 @@ def workspace() -> None:
 @data_dir_option
 def workspace_add(context_file: Path, data_dir: Path | None) -> None:
     """Register one workspace from its context file. A duplicate id is refused."""
-    station = open_station(read_settings(data_dir))
-    try:
+    with station_for(data_dir) as station:
         row = workspaces.add_workspace(
             station.store, station.data_dir, context_file, SystemClock().now()
         )
-    except OutloopError as exc:
-        fail(exc)
-    else:
-        click.echo(f"registered workspace {row.workspace_id} ({row.label or 'no label'})")
-    finally:
-        station.close()
+    click.echo(f"registered workspace {row.workspace_id} ({row.label or 'no label'})")
 
 
 @workspace.command("update")
@@ -57,17 +50,11 @@ def workspace_add(context_file: Path, data_dir: Path | None) -> None:
 @data_dir_option
 def workspace_update(context_file: Path, data_dir: Path | None) -> None:
     """Replace a registered workspace's context (re-read on every run)."""
-    station = open_station(read_settings(data_dir))
-    try:
+    with station_for(data_dir) as station:
         row = workspaces.update_workspace(
             station.store, station.data_dir, context_file, SystemClock().now()
         )
-    except OutloopError as exc:
-        fail(exc)
-    else:
-        click.echo(f"updated workspace {row.workspace_id}")
-    finally:
-        station.close()
+    click.echo(f"updated workspace {row.workspace_id}")
 
 
 @workspace.command("show")
@@ -81,16 +68,11 @@ def workspace_update(context_file: Path, data_dir: Path | None) -> None:
 @data_dir_option
 def workspace_show(workspace_id: str | None, as_json: bool, data_dir: Path | None) -> None:
     """List registered workspaces, or show one with its queue."""
-    station = open_station(read_settings(data_dir))
-    try:
+    with station_for(data_dir) as station:
         if workspace_id is None:
             _list_workspaces(station, as_json)
         else:
             _show_workspace(station, workspace_id, as_json)
-    except OutloopError as exc:
-        fail(exc)
-    finally:
-        station.close()
 
 
 def _list_workspaces(station: Station, as_json: bool) -> None:
