@@ -59,7 +59,7 @@ class UnknownWorkspace(RegistryError):
     """No workspace with this id is registered in this station."""
 
     def __init__(self, workspace_id: str) -> None:
-        super().__init__(f"no workspace {workspace_id} is registered here")
+        super().__init__(f"workspace {workspace_id} is not registered here")
         self.workspace_id = workspace_id
 
 

@@ -2,7 +2,7 @@
 bad OUTLOOP_DATABASE_URL, retried transient faults, unknown commit outcomes resolved by
 reading the execution record, racing machines, and the integrity check.
 
-The shared behaviour is the Store contract suite's (tests/storage/test_store_contract.py).
+The shared behaviour is the storage contract suites' (agent/testing/storage, run by tests/storage/test_contracts.py).
 The fault tests run on a cluster of their own, so its restarts disturb nobody else.
 """
 
@@ -33,12 +33,14 @@ from agent.domain.run import LedgerEntry
 from agent.services import workspaces
 from agent.storage.backend import DATABASE_URL_SETTING, open_store
 from agent.storage.postgres import PostgresStore
+from agent.storage.postgres import claims as pg_claims
 from agent.storage.postgres import store as pg_store_module
 from agent.storage.schema import MIGRATIONS
+from agent.storage.sql import SqlStore
 from agent.testing import FrozenClock, InMemoryProvider, make_envelope
+from agent.testing.storage.base import ALIVE, MAILBOX, WS, Harness, env
 from bench.pg_cluster import ThrowawayCluster
 from tests.conftest import context_yaml, pg_cluster, pg_url_at, run_intake
-from tests.storage.test_store_contract import ALIVE, MAILBOX, WS, Harness, env
 
 ROOT = Path(__file__).resolve().parents[2]
 PASSWORD = "s3cret-pw"
@@ -366,7 +368,7 @@ class _Link:
             if self.swallow:
                 self.reply += data
                 if b"COMMIT\x00" in self.reply or READY_FOR_QUERY_AT_END.search(self.reply):
-                    self.proxy.commit_acknowledged = b"COMMIT\x00" in self.reply
+                    self.proxy.commit_acknowledged = self.proxy.acknowledges(bytes(self.reply))
                     self.close()
                     self.proxy.fired.set()
                     return
@@ -382,7 +384,9 @@ class CommitCutProxy:
     """A TCP proxy on 127.0.0.1 to the server that, once armed, cuts the client connection
     that sends COMMIT: ``after`` the server answered it (the commit happened, the client
     never hears so), or ``before`` the server gets it (the transaction never commits).
-    It fires once and disarms."""
+    Armed with another marker, it cuts the connection that sends the statement holding it
+    (a statement that is its own transaction, as a one-statement claim is). It fires once
+    and disarms."""
 
     def __init__(self, upstream_port: int) -> None:
         self._upstream = ("127.0.0.1", upstream_port)
@@ -390,6 +394,8 @@ class CommitCutProxy:
         self.port: int = self._listener.getsockname()[1]
         self._lock = threading.Lock()
         self._mode: str | None = None
+        self._marker = b"COMMIT"  # what the armed cut waits for
+        self._cut = b"COMMIT"  # what the last cut cut
         self._links: list[_Link] = []
         self._stopped = False
         self.fired = threading.Event()
@@ -397,19 +403,32 @@ class CommitCutProxy:
         self._acceptor = threading.Thread(target=self._accept, daemon=True)
         self._acceptor.start()
 
-    def arm(self, mode: str) -> None:
+    def arm(self, mode: str, marker: bytes = b"COMMIT") -> None:
         assert mode in ("after", "before")
         with self._lock:
             self._mode = mode
+            self._marker = marker
             self.fired.clear()
             self.commit_acknowledged = False
 
     def take_armed(self, chunk: bytes) -> str | None:
         with self._lock:
-            if self._mode is None or b"COMMIT" not in chunk:
+            if self._mode is None or self._marker not in chunk:
                 return None
-            mode, self._mode = self._mode, None
+            mode, self._mode, self._cut = self._mode, None, self._marker
             return mode
+
+    def acknowledges(self, reply: bytes) -> bool:
+        """Whether the server's reply to the cut chunk says it committed: COMMIT's own tag;
+        for a statement that is its own transaction, its completion without an error."""
+        if self._cut == b"COMMIT":
+            return b"COMMIT\x00" in reply
+        kinds: set[bytes] = set()
+        at = 0
+        while at + 5 <= len(reply):  # type byte, then the length (which counts itself)
+            kinds.add(reply[at : at + 1])
+            at += 1 + int.from_bytes(reply[at + 1 : at + 5], "big")
+        return b"C" in kinds and b"E" not in kinds
 
     def _accept(self) -> None:
         while True:
@@ -469,9 +488,11 @@ def test_an_unknown_commit_outcome_is_read_back_and_never_claims_twice(
         through = Harness(proxied, clock)
         key = through.key(e)
 
-        proxy.arm(cut)
+        # A won claim is one statement on PostgreSQL (agent/storage/postgres/claims.py):
+        # the statement itself is the commit.
+        proxy.arm(cut, pg_claims.TASK_FUNCTION.encode())
         result = through.claim(run_id, e)
-        assert proxy.fired.is_set(), "the proxy never saw COMMIT"
+        assert proxy.fired.is_set(), "the proxy never saw the claim's commit"
         assert proxy.commit_acknowledged is (cut == "after")
         assert result.outcome is ClaimOutcome.CLAIMED
         assert result.task is not None and result.task_created
@@ -670,6 +691,14 @@ class PausesInClaim(PostgresStore):
         super().__init__(url)
         self.after_contest: Callable[[], object] | None = None
         self.after_linkage: Callable[[], object] | None = None
+
+    def claim(self, request: Any, draft: Any, now: Any, holder_alive: Any) -> Any:
+        if self.after_linkage is not None:
+            # The pause sits in the general path's linkage read: the one-statement claim
+            # reads linkage inside its statement (tests/storage/test_postgres_claim.py races
+            # that one with a lock).
+            return SqlStore.claim(self, request, draft, now, holder_alive)
+        return super().claim(request, draft, now, holder_alive)
 
     def _contest(self, existing: Any, now: Any, holder_alive: Any) -> Any:
         outcome = super()._contest(existing, now, holder_alive)

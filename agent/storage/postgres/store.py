@@ -7,11 +7,15 @@ this module supplies pooled connections, explicit transactions and the fault han
   ``BEGIN`` ... ``COMMIT`` on one connection, in READ COMMITTED. Uniqueness comes from UNIQUE
   constraints (``INSERT ... ON CONFLICT DO NOTHING``), and every read-modify-write of a shared
   row locks it with ``SELECT ... FOR UPDATE``.
+- A claim that wins is one statement instead (``claims.py``): a server-side function,
+  installed at open, called on the autocommit connection - one statement is one
+  transaction, one round trip (``_write_one``).
 - Transient faults (a dropped connection, a terminated backend, a server restart, a
   deadlock or serialization failure) are retried by ``RetryPolicy``, with a bound. A fault
   before ``COMMIT`` was sent rolled the transaction back, so the transaction runs again. A
-  fault during ``COMMIT`` leaves the outcome unknown: the write's own check reads whether it
-  took effect (a claim reads its execution record) before anything runs again.
+  fault during ``COMMIT`` (or a connection lost during a one-statement write) leaves the
+  outcome unknown: the write's own check reads whether it took effect (a claim reads its
+  execution record) before anything runs again.
 """
 
 from __future__ import annotations
@@ -33,7 +37,13 @@ from psycopg_pool import ConnectionPool
 
 from agent.domain.errors import StoreError
 from agent.storage.backend import DATABASE_URL_SETTING
-from agent.storage.sql import Cursor, SqlStore, T, Tx, Verified
+from agent.storage.postgres.claims import (
+    DECLINED,
+    Declined,
+    OneStatementClaims,
+    install_functions,
+)
+from agent.storage.sql import Cursor, Row, T, Tx, Verified
 
 SETTLE_TIMEOUT_MS = 10_000
 """How long an unknown commit's server process may take to finish before it is read back."""
@@ -70,6 +80,11 @@ TRANSIENT_STATES = frozenset(
         "55P03",  # lock_not_available (a server-side lock timeout)
     }
 )
+
+
+STATEMENT_ROLLED_BACK = frozenset({"40001", "40P01", "57014", "55P03"})
+"""Transient faults the server answers a statement with once it rolled it back: a statement
+that is its own transaction and got one of these on a live connection did not commit."""
 
 
 def is_transient(exc: psycopg.Error) -> bool:
@@ -210,8 +225,13 @@ class _Tx:
                     break
         return firsts
 
+    def run_script(self, script: str) -> None:
+        """Send the statements as they are, in one simple query (no placeholders: a
+        function body may hold ``?`` and ``%``)."""
+        self._conn.execute(cast(LiteralString, script))
 
-class PostgresStore(SqlStore):
+
+class PostgresStore(OneStatementClaims):
     """The Store port on one PostgreSQL database, shared by every worker."""
 
     FOR_UPDATE = " FOR UPDATE"
@@ -305,6 +325,8 @@ class PostgresStore(SqlStore):
     def _migrate(self, conn: Tx) -> None:
         conn.execute(f"SELECT pg_advisory_xact_lock({MIGRATION_LOCK})")
         self._apply_migrations(conn, f"PostgreSQL ({self.where})", ddl)
+        assert isinstance(conn, _Tx)
+        install_functions(conn, conn.run_script)
 
     def close(self) -> None:
         self._pool.close()
@@ -312,42 +334,82 @@ class PostgresStore(SqlStore):
     # -- transactions -----------------------------------------------------------------------
 
     def _write(self, body: Callable[[Tx], T], verify: Callable[[Tx], Verified[T]] | None) -> T:
+        def attempt(conn: psycopg.Connection[DictRow], committing: Callable[[], None]) -> T:
+            # Not pipelined: psycopg's pipeline polls the socket for writing while it waits
+            # for results, which spins the CPU whenever a statement waits for a lock (a
+            # claim racing another worker's uncommitted claim does).
+            try:
+                conn.execute("BEGIN")
+                result = body(_Tx(conn))
+                committing()
+                conn.execute("COMMIT")
+            except BaseException:
+                self._rollback(conn)
+                raise
+            return result
+
+        return self._attempts(attempt, verify, one_statement=False)
+
+    def _write_one(
+        self,
+        sql: str,
+        params: Sequence[Any],
+        result: Callable[[Row | None], T],
+        verify: Callable[[Tx], Verified[T]] | None,
+    ) -> T:
+        def attempt(conn: psycopg.Connection[DictRow], committing: Callable[[], None]) -> T:
+            committing()  # autocommit: the statement commits itself
+            try:
+                row = conn.execute(_pg(sql), params).fetchone()
+            except psycopg.Error as exc:
+                if exc.sqlstate == DECLINED or isinstance(exc, psycopg.DataError):
+                    raise Declined(exc.sqlstate or type(exc).__name__) from None
+                raise
+            return result(row)
+
+        return self._attempts(attempt, verify, one_statement=True)
+
+    def _attempts(
+        self,
+        attempt: Callable[[psycopg.Connection[DictRow], Callable[[], None]], T],
+        verify: Callable[[Tx], Verified[T]] | None,
+        *,
+        one_statement: bool,
+    ) -> T:
+        """The retry loop every write shares. ``attempt`` runs the write once on a
+        connection, and calls its second argument just before it sends what commits it
+        (COMMIT, or the one statement that is its own transaction). A transient fault from
+        then on leaves the outcome unknown - unless the server answered the one statement
+        that it rolled it back (STATEMENT_ROLLED_BACK, on a live connection) - and the next
+        attempt first settles it and asks ``verify``."""
         unknown_commit = False
         committing_on: tuple[int, Any] = (0, None)  # the server process that was committing
-        attempt = 0
+        attempts = 0
         deadline = time.monotonic() + self.retry.deadline_s
         while True:
-            attempt += 1
-            committing = False
+            attempts += 1
+            sent: list[psycopg.Connection[DictRow]] = []  # where what commits was sent
+            backend: tuple[int, Any] = (0, None)
             try:
                 with self._pool.connection() as conn:
-                    tx = _Tx(conn)
                     if unknown_commit and verify is not None:
                         with self._stats_lock:
                             self.commit_checks += 1
                         self._settle(conn, committing_on)
-                        found = verify(tx)
+                        found = verify(_Tx(conn))
                         if found is not None:
                             return found[0]
                     unknown_commit = False
-                    # Not pipelined: psycopg's pipeline polls the socket for writing while it
-                    # waits for results, which spins the CPU whenever a statement waits for
-                    # a lock (a claim racing another worker's uncommitted claim does).
-                    try:
-                        conn.execute("BEGIN")
-                        result = body(tx)
-                        committing = True
-                        committing_on = (conn.info.backend_pid, self._started.get(conn))
-                        conn.execute("COMMIT")
-                    except BaseException:
-                        self._rollback(conn)
-                        raise
-                    return result
+                    backend = (conn.info.backend_pid, self._started.get(conn))
+                    return attempt(conn, lambda: sent.append(conn))  # noqa: B023 - called at once
             except psycopg.Error as exc:
                 if not is_transient(exc):
                     raise self._refused(exc) from None
-                unknown_commit = unknown_commit or committing
-                self._wait_before_retry(exc, attempt, deadline)
+                answered = one_statement and exc.sqlstate in STATEMENT_ROLLED_BACK
+                if sent and not (answered and not sent[0].broken):
+                    # What commits was sent, and nothing says it did not commit.
+                    unknown_commit, committing_on = True, backend
+                self._wait_before_retry(exc, attempts, deadline)
 
     def _settle(self, conn: psycopg.Connection[DictRow], backend: tuple[int, Any]) -> None:
         """Make an unknown commit's outcome final before it is read back: the server process

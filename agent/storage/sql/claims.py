@@ -173,14 +173,19 @@ class ClaimRows(TaskRows, RunRows):
             )
 
         def verify(conn: Tx) -> Verified[ClaimResult]:
-            # The commit's outcome is unknown: the execution record says whether this claim
-            # won. It never claims again on a guess.
-            row = conn.execute("SELECT * FROM executions WHERE key = ?", (request.key,)).fetchone()
-            if row is None or not self._is_this_claim(row, request, now):
-                return None
-            return (self._own_claim(conn, request, row),)
+            return self._claim_committed(conn, request, now)
 
         return self._write(body, verify)
+
+    def _claim_committed(
+        self, conn: Tx, request: ClaimRequest, now: datetime
+    ) -> Verified[ClaimResult]:
+        """Whether this claim committed, when its commit's outcome is unknown: the execution
+        record says whether it won. It never claims again on a guess."""
+        row = conn.execute("SELECT * FROM executions WHERE key = ?", (request.key,)).fetchone()
+        if row is None or not self._is_this_claim(row, request, now):
+            return None
+        return (self._own_claim(conn, request, row),)
 
     @staticmethod
     def _is_this_claim(row: Row, request: ClaimRequest, now: datetime) -> bool:
