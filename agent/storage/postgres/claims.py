@@ -166,69 +166,16 @@ class OneStatementClaims(SqlStore):
         now: datetime,
         holder_alive: Callable[[str], bool],
     ) -> ClaimResult:
-        execution = (
-            request.key,
-            request.service,
-            request.holder,
-            ts(now + timedelta(seconds=request.lease_seconds)),
-            request.run_id,
-            request.item_ref,
-            ts(now),
-        )
         new_task: Task | None = None
-        occurrence = ""
         if isinstance(draft, TaskDraft):
             new_task, record = self._new_task(draft, now)
-            occurrence = draft.occurrence_key
-            sql = TASK_CALL
-            params: tuple[Any, ...] = (
-                *execution,
-                draft.work_key,
-                draft.task_id,
-                draft.workspace_id,
-                draft.provider,
-                draft.mailbox_id,
-                list(draft.link_message_ids),
-                new_task.state.value,
-                int(new_task.state in TERMINAL_STATES),
-                ts(new_task.received_at),
-                record,
-                draft.message.model_dump_json(),
-                draft.message.provider_message_id,
-                draft.message.internet_message_id or "",
-                ts(draft.message.received_at),
-                _DATETIME.dump_json(now).decode(),
-            )
+            sql, params = TASK_CALL, _task_params(request, draft, now, new_task, record)
         else:
-            sql = ESCALATION_CALL
-            params = (
-                *execution,
-                draft.scope,
-                draft.queue,
-                draft.assignee,
-                draft.reason,
-                draft.provider,
-                draft.mailbox_id,
-                draft.item_ref,
-            )
+            sql, params = ESCALATION_CALL, _escalation_params(request, draft, now)
+        occurrence = draft.occurrence_key if isinstance(draft, TaskDraft) else ""
 
         def read(row: Row | None) -> ClaimResult | ExecutionRecord | None:
-            """The won claim; or the record the insert lost to; or None: the general path
-            decides (no record, or this very claim committed by an earlier attempt)."""
-            if row is None or row["key"] is None:
-                return None
-            if not row["won"]:
-                return None if self._is_this_claim(row, request, now) else self._execution(row)
-            task, created = new_task, new_task is not None
-            if row["task_record"] is not None:
-                task = Task.model_validate_json(row["task_record"])
-                created = task.created_by == occurrence
-            return ClaimResult(
-                outcome=ClaimOutcome.CLAIMED,
-                execution=self._execution(row),
-                task=task,
-                task_created=created,
-            )
+            return self._read_claim(row, request, now, new_task, occurrence)
 
         def verify(conn: Tx) -> Verified[ClaimResult | ExecutionRecord | None]:
             return self._claim_committed(conn, request, now)
@@ -252,3 +199,82 @@ class OneStatementClaims(SqlStore):
                 return ClaimResult(outcome=outcome, execution=found)
         # A takeover, or what the statement left to the general path.
         return super().claim(request, draft, now, holder_alive)
+
+    def _read_claim(
+        self,
+        row: Row | None,
+        request: ClaimRequest,
+        now: datetime,
+        new_task: Task | None,
+        occurrence: str,
+    ) -> ClaimResult | ExecutionRecord | None:
+        """The won claim; or the record the insert lost to; or None: the general path
+        decides (no record, or this very claim committed by an earlier attempt)."""
+        if row is None or row["key"] is None:
+            return None
+        if not row["won"]:
+            return None if self._is_this_claim(row, request, now) else self._execution(row)
+        task, created = new_task, new_task is not None
+        if row["task_record"] is not None:
+            task = Task.model_validate_json(row["task_record"])
+            created = task.created_by == occurrence
+        return ClaimResult(
+            outcome=ClaimOutcome.CLAIMED,
+            execution=self._execution(row),
+            task=task,
+            task_created=created,
+        )
+
+
+def _execution_params(request: ClaimRequest, now: datetime) -> tuple[Any, ...]:
+    """The execution record's columns, as both functions take them first."""
+    return (
+        request.key,
+        request.service,
+        request.holder,
+        ts(now + timedelta(seconds=request.lease_seconds)),
+        request.run_id,
+        request.item_ref,
+        ts(now),
+    )
+
+
+def _task_params(
+    request: ClaimRequest, draft: TaskDraft, now: datetime, new_task: Task, record: str
+) -> tuple[Any, ...]:
+    """The task function's arguments: the execution, the draft, the new task and its
+    record, and the message and updated_at serialized as the record holds them."""
+    return (
+        *_execution_params(request, now),
+        draft.work_key,
+        draft.task_id,
+        draft.workspace_id,
+        draft.provider,
+        draft.mailbox_id,
+        list(draft.link_message_ids),
+        new_task.state.value,
+        int(new_task.state in TERMINAL_STATES),
+        ts(new_task.received_at),
+        record,
+        draft.message.model_dump_json(),
+        draft.message.provider_message_id,
+        draft.message.internet_message_id or "",
+        ts(draft.message.received_at),
+        _DATETIME.dump_json(now).decode(),
+    )
+
+
+def _escalation_params(
+    request: ClaimRequest, draft: EscalationDraft, now: datetime
+) -> tuple[Any, ...]:
+    """The escalation function's arguments: the execution, then the escalation."""
+    return (
+        *_execution_params(request, now),
+        draft.scope,
+        draft.queue,
+        draft.assignee,
+        draft.reason,
+        draft.provider,
+        draft.mailbox_id,
+        draft.item_ref,
+    )

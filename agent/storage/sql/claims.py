@@ -61,121 +61,159 @@ class ClaimRows(TaskRows, RunRows):
         now: datetime,
         holder_alive: Callable[[str], bool],
     ) -> ClaimResult:
-        lease = ts(now + timedelta(seconds=request.lease_seconds))
-
-        # The claim names the task it works on: the thread's task if the thread has one,
-        # else the new task's id (a conflict below corrects it, in the same transaction).
-        work_key = draft.work_key if isinstance(draft, TaskDraft) else None
-        new_task_id = draft.task_id if isinstance(draft, TaskDraft) else None
-
         def body(conn: Tx) -> ClaimResult:
-            row = conn.execute(
-                "INSERT INTO executions (key, service, holder, state, generation,"
-                " lease_expires_at, run_id, item_ref, claimed_at, task_id)"
-                " VALUES (?, ?, ?, 'CLAIMED', 1, ?, ?, ?, ?, coalesce((SELECT task_id FROM"
-                " task_threads WHERE work_key = ?), ?))"
-                " ON CONFLICT (key) DO NOTHING RETURNING *",
-                (
-                    request.key,
-                    request.service,
-                    request.holder,
-                    lease,
-                    request.run_id,
-                    request.item_ref,
-                    ts(now),
-                    work_key,
-                    new_task_id,
-                ),
-            ).fetchone()
-            taken_over = False
+            row = self._insert_execution(conn, request, draft, now)
+            taken_over = row is None
             if row is None:
-                existing = conn.execute(
-                    "SELECT * FROM executions WHERE key = ?", (request.key,)
-                ).fetchone()
-                if self._is_this_claim(existing, request, now):
-                    # Committed by an earlier attempt of this call whose outcome was unknown.
-                    return self._own_claim(conn, request, existing)
-                outcome = self._contest(existing, now, holder_alive)
-                if outcome is not None:
-                    return ClaimResult(outcome=outcome, execution=self._execution(existing))
-                # Takeover: a compare-and-set on everything the decision read - the
-                # generation, the state and the holder - so a report that finished the
-                # execution since (same generation, now DONE or RETRY_PENDING) wins.
-                row = conn.execute(
-                    "UPDATE executions SET holder = ?, state = 'CLAIMED', generation ="
-                    " generation + 1, lease_expires_at = ?, retry_at = NULL, run_id = ?,"
-                    " item_ref = ?, claimed_at = ? WHERE key = ? AND generation = ?"
-                    " AND state = ? AND holder = ? RETURNING *",
-                    (
-                        request.holder,
-                        lease,
-                        request.run_id,
-                        request.item_ref,
-                        ts(now),
-                        request.key,
-                        existing["generation"],
-                        existing["state"],
-                        existing["holder"],
-                    ),
-                ).fetchone()
-                if row is None:
-                    # The execution changed since the read (possible where writers run
-                    # concurrently; SQLite's write lock rules it out): decide on it as it is.
-                    current = conn.execute(
-                        "SELECT * FROM executions WHERE key = ?", (request.key,)
-                    ).fetchone()
-                    if self._is_this_claim(current, request, now):
-                        return self._own_claim(conn, request, current)
-                    lost = self._contest(current, now, holder_alive)
-                    return ClaimResult(
-                        outcome=lost or ClaimOutcome.EXECUTION_ALREADY_CLAIMED,
-                        execution=self._execution(current),
-                    )
-                taken_over = True
-            task: Task | None = None
-            created = False
-            if isinstance(draft, EscalationDraft):
-                conn.execute(
-                    "INSERT INTO escalations (occurrence_key, scope, queue, assignee, reason,"
-                    " provider, mailbox_id, item_ref, created_at)"
-                    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
-                    (
-                        request.key,
-                        draft.scope,
-                        draft.queue,
-                        draft.assignee,
-                        draft.reason,
-                        draft.provider,
-                        draft.mailbox_id,
-                        draft.item_ref,
-                        ts(now),
-                    ),
-                )
-            else:
-                claimed_task = row["task_id"]
-                # What the claim's insert found: the thread's task, or (its own new id) none.
-                found: str | None = None
-                if not taken_over:
-                    found = "" if claimed_task == draft.task_id else claimed_task
-                task, created = self._upsert_task(conn, draft, now, found)
-                if claimed_task != task.task_id:
-                    row = conn.execute(
-                        "UPDATE executions SET task_id = ? WHERE key = ? RETURNING *",
-                        (task.task_id, request.key),
-                    ).fetchone()
-            crashpoints.hit("after_task_write")
-            return ClaimResult(
-                outcome=ClaimOutcome.CLAIMED,
-                execution=self._execution(row),
-                task=task,
-                task_created=created,
-                taken_over=taken_over,
-            )
+                decided = self._decide_contest(conn, request, now, holder_alive)
+                if isinstance(decided, ClaimResult):
+                    return decided
+                row = decided
+            return self._write_claimed(conn, request, draft, now, row, taken_over=taken_over)
 
         def verify(conn: Tx) -> Verified[ClaimResult]:
             return self._claim_committed(conn, request, now)
 
         return self._write(body, verify)
+
+    @staticmethod
+    def _insert_execution(
+        conn: Tx, request: ClaimRequest, draft: TaskDraft | EscalationDraft, now: datetime
+    ) -> Row | None:
+        """The claim itself: the execution record, or None when the key has one already.
+        It names the task it works on: the thread's task if the thread has one, else the new
+        task's id (a conflict later corrects it, in the same transaction)."""
+        work_key = draft.work_key if isinstance(draft, TaskDraft) else None
+        new_task_id = draft.task_id if isinstance(draft, TaskDraft) else None
+        return conn.execute(
+            "INSERT INTO executions (key, service, holder, state, generation,"
+            " lease_expires_at, run_id, item_ref, claimed_at, task_id)"
+            " VALUES (?, ?, ?, 'CLAIMED', 1, ?, ?, ?, ?, coalesce((SELECT task_id FROM"
+            " task_threads WHERE work_key = ?), ?))"
+            " ON CONFLICT (key) DO NOTHING RETURNING *",
+            (
+                request.key,
+                request.service,
+                request.holder,
+                ts(now + timedelta(seconds=request.lease_seconds)),
+                request.run_id,
+                request.item_ref,
+                ts(now),
+                work_key,
+                new_task_id,
+            ),
+        ).fetchone()
+
+    def _decide_contest(
+        self,
+        conn: Tx,
+        request: ClaimRequest,
+        now: datetime,
+        holder_alive: Callable[[str], bool],
+    ) -> ClaimResult | Row:
+        """The key has an execution: this very claim's (an earlier attempt of this call
+        committed), a claim-race outcome, or - the holder being dead, its lease out or its
+        retry due - the taken-over execution row."""
+        existing = conn.execute("SELECT * FROM executions WHERE key = ?", (request.key,)).fetchone()
+        if self._is_this_claim(existing, request, now):
+            return self._own_claim(conn, request, existing)
+        outcome = self._contest(existing, now, holder_alive)
+        if outcome is not None:
+            return ClaimResult(outcome=outcome, execution=self._execution(existing))
+        row = self._take_over(conn, request, now, existing)
+        if row is not None:
+            return row
+        # The execution changed since the read (possible where writers run concurrently;
+        # SQLite's write lock rules it out): decide on it as it is.
+        current = conn.execute("SELECT * FROM executions WHERE key = ?", (request.key,)).fetchone()
+        if self._is_this_claim(current, request, now):
+            return self._own_claim(conn, request, current)
+        lost = self._contest(current, now, holder_alive)
+        return ClaimResult(
+            outcome=lost or ClaimOutcome.EXECUTION_ALREADY_CLAIMED,
+            execution=self._execution(current),
+        )
+
+    @staticmethod
+    def _take_over(conn: Tx, request: ClaimRequest, now: datetime, existing: Row) -> Row | None:
+        """A compare-and-set on everything the decision read - the generation, the state
+        and the holder - so a report that finished the execution since (same generation,
+        now DONE or RETRY_PENDING) wins; None when it did."""
+        return conn.execute(
+            "UPDATE executions SET holder = ?, state = 'CLAIMED', generation ="
+            " generation + 1, lease_expires_at = ?, retry_at = NULL, run_id = ?,"
+            " item_ref = ?, claimed_at = ? WHERE key = ? AND generation = ?"
+            " AND state = ? AND holder = ? RETURNING *",
+            (
+                request.holder,
+                ts(now + timedelta(seconds=request.lease_seconds)),
+                request.run_id,
+                request.item_ref,
+                ts(now),
+                request.key,
+                existing["generation"],
+                existing["state"],
+                existing["holder"],
+            ),
+        ).fetchone()
+
+    def _write_claimed(
+        self,
+        conn: Tx,
+        request: ClaimRequest,
+        draft: TaskDraft | EscalationDraft,
+        now: datetime,
+        row: Row,
+        *,
+        taken_over: bool,
+    ) -> ClaimResult:
+        """What a won claim writes in its transaction: the escalation, or the thread's task
+        (created, or with the message added), and the execution pointed at that task."""
+        task: Task | None = None
+        created = False
+        if isinstance(draft, EscalationDraft):
+            self._insert_escalation(conn, request, draft, now)
+        else:
+            claimed_task = row["task_id"]
+            # What the claim's insert found: the thread's task, or (its own new id) none.
+            found: str | None = None
+            if not taken_over:
+                found = "" if claimed_task == draft.task_id else claimed_task
+            task, created = self._upsert_task(conn, draft, now, found)
+            if claimed_task != task.task_id:
+                row = conn.execute(
+                    "UPDATE executions SET task_id = ? WHERE key = ? RETURNING *",
+                    (task.task_id, request.key),
+                ).fetchone()
+        crashpoints.hit("after_task_write")
+        return ClaimResult(
+            outcome=ClaimOutcome.CLAIMED,
+            execution=self._execution(row),
+            task=task,
+            task_created=created,
+            taken_over=taken_over,
+        )
+
+    @staticmethod
+    def _insert_escalation(
+        conn: Tx, request: ClaimRequest, draft: EscalationDraft, now: datetime
+    ) -> None:
+        conn.execute(
+            "INSERT INTO escalations (occurrence_key, scope, queue, assignee, reason,"
+            " provider, mailbox_id, item_ref, created_at)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
+            (
+                request.key,
+                draft.scope,
+                draft.queue,
+                draft.assignee,
+                draft.reason,
+                draft.provider,
+                draft.mailbox_id,
+                draft.item_ref,
+                ts(now),
+            ),
+        )
 
     def _claim_committed(
         self, conn: Tx, request: ClaimRequest, now: datetime
