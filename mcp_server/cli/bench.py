@@ -7,12 +7,13 @@ import json
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import anyio
 import click
 
 from bench import claims, reconcile, render
-from mcp_server.cli.shared import F, data_dir_option
+from mcp_server.cli.shared import F, choice_option, data_dir_option, number_option
 from mcp_server.composition import DATABASE_URL_SETTING, Settings
 
 
@@ -25,11 +26,23 @@ def database_url_option(func: F) -> F:
     )(func)
 
 
-def bench_output_options(func: F) -> F:
-    func = data_dir_option(func)
+def json_option(func: F) -> F:
     return click.option(
         "--json", "as_json", is_flag=True, help="Print one JSON object as the last line."
     )(func)
+
+
+def bench_output_options(func: F) -> F:
+    return json_option(data_dir_option(func))
+
+
+def echo_result(result: dict[str, Any], as_json: bool, width: int) -> None:
+    """One JSON object (--json), else one figure per line."""
+    if as_json:
+        click.echo(json.dumps(result))
+        return
+    for key, value in result.items():
+        click.echo(f"{key:>{width}}  {value}")
 
 
 def _bench_scratch(data_dir: Path | None) -> Path:
@@ -48,41 +61,23 @@ def bench() -> None:
 
 
 @bench.command("claims")
-@click.option(
-    "--backend",
-    type=click.Choice(claims.BACKENDS),
-    default="sqlite",
-    show_default=True,
-    help="Store backend to measure.",
-)
+@choice_option("--backend", claims.BACKENDS, "sqlite", "Store backend to measure.")
 @database_url_option
-@click.option(
+@number_option(
     "--workers",
-    type=click.IntRange(min=1, max=64),
-    default=4,
-    show_default=True,
-    help="Worker processes racing over the same occurrences.",
+    click.IntRange(min=1, max=64),
+    4,
+    "Worker processes racing over the same occurrences.",
 )
-@click.option(
-    "--items",
-    type=click.IntRange(min=1),
-    default=2000,
-    show_default=True,
-    help="Occurrences every worker claims.",
-)
-@click.option(
+@number_option("--items", click.IntRange(min=1), 2000, "Occurrences every worker claims.")
+@choice_option(
     "--mode",
-    type=click.Choice(claims.MODES),
-    default="claim",
-    show_default=True,
-    help="claim: the claim service alone; intake: the whole intake cycle per worker.",
+    claims.MODES,
+    "claim",
+    "claim: the claim service alone; intake: the whole intake cycle per worker.",
 )
-@click.option(
-    "--per-thread",
-    type=click.IntRange(min=1),
-    default=4,
-    show_default=True,
-    help="Messages per thread (one task per thread).",
+@number_option(
+    "--per-thread", click.IntRange(min=1), 4, "Messages per thread (one task per thread)."
 )
 @bench_output_options
 def bench_claims(
@@ -107,29 +102,13 @@ def bench_claims(
         mode=mode,
         progress=lambda line: click.echo(line, err=True),
     )
-    if as_json:
-        click.echo(json.dumps(result))
-        return
-    for key, value in result.items():
-        click.echo(f"{key:>22}  {value}")
+    echo_result(result, as_json, 22)
 
 
 @bench.command("reconcile")
-@click.option(
-    "--backend",
-    type=click.Choice([*reconcile.BACKENDS, "both"]),
-    default="both",
-    show_default=True,
-    help="Store backend(s) to measure.",
-)
+@choice_option("--backend", [*reconcile.BACKENDS, "both"], "both", "Store backend(s) to measure.")
 @database_url_option
-@click.option(
-    "--items",
-    type=click.IntRange(min=1),
-    default=100_000,
-    show_default=True,
-    help="Scanned items in the run to reconcile.",
-)
+@number_option("--items", click.IntRange(min=1), 100_000, "Scanned items in the run to reconcile.")
 @bench_output_options
 def bench_reconcile(
     backend: str, database_url: str | None, items: int, as_json: bool, data_dir: Path | None
@@ -153,34 +132,22 @@ def bench_reconcile(
 
 
 @bench.command("render")
-@click.option(
-    "--seconds",
-    type=click.FloatRange(min=0.1),
-    default=3.0,
-    show_default=True,
-    help="How long to measure each side.",
-)
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON object as the last line.")
+@number_option("--seconds", click.FloatRange(min=0.1), 3.0, "How long to measure each side.")
+@json_option
 def bench_render(seconds: float, as_json: bool) -> None:
     """Render plus read-back verification of a Hebrew reply, on one core, against the bare
     template render."""
-    result = render.run(seconds)
-    if as_json:
-        click.echo(json.dumps(result))
-        return
-    for key, value in result.items():
-        click.echo(f"{key:>16}  {value}")
+    echo_result(render.run(seconds), as_json, 16)
 
 
 @bench.command("mcp")
-@click.option(
+@number_option(
     "--calls",
-    type=click.IntRange(min=10),
-    default=300,
-    show_default=True,
-    help="Calls measured per tool and transport (after a warm-up of a tenth of them).",
+    click.IntRange(min=10),
+    300,
+    "Calls measured per tool and transport (after a warm-up of a tenth of them).",
 )
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON object as the last line.")
+@json_option
 def bench_mcp(calls: int, as_json: bool) -> None:
     """p50/p99 latency of gate_check and get_task through the MCP server, in process and over
     stdio, against the SDK's bare no-op tool on the same transport."""

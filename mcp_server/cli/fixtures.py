@@ -9,6 +9,8 @@ from pathlib import Path
 
 import click
 
+from mcp_server.cli.shared import number_option
+
 
 @click.group()
 def fixtures() -> None:
@@ -16,13 +18,7 @@ def fixtures() -> None:
 
 
 @fixtures.command("serve")
-@click.option(
-    "--port",
-    type=click.IntRange(0, 65535),
-    default=0,
-    show_default=True,
-    help="Loopback port to serve on (0: a free port).",
-)
+@number_option("--port", click.IntRange(0, 65535), 0, "Loopback port to serve on (0: a free port).")
 @click.option(
     "--state-dir",
     type=click.Path(file_okay=False, path_type=Path),

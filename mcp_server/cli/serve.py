@@ -11,7 +11,7 @@ import anyio
 import click
 
 from agent.domain.errors import OutloopError
-from mcp_server.cli.shared import data_dir_option, fail, read_settings
+from mcp_server.cli.shared import data_dir_option, fail, number_option, read_settings
 
 
 @click.command("serve")
@@ -28,12 +28,8 @@ from mcp_server.cli.shared import data_dir_option, fail, read_settings
     show_default=True,
     help="HTTP address to bind. A non-loopback address requires a bearer token.",
 )
-@click.option(
-    "--port",
-    type=click.IntRange(0, 65535),
-    default=8765,
-    show_default=True,
-    help="HTTP port (0: a free port; the ready line names it).",
+@number_option(
+    "--port", click.IntRange(0, 65535), 8765, "HTTP port (0: a free port; the ready line names it)."
 )
 @click.option(
     "--insecure-no-auth",

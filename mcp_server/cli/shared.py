@@ -3,7 +3,7 @@ the core's errors into one line on stderr."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Generator
+from collections.abc import Callable, Generator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, NoReturn, TypeVar
@@ -71,3 +71,14 @@ def station_for(data_dir: Path | None) -> Generator[Station]:
         fail(exc)
     finally:
         station.close()
+
+
+def number_option(flag: str, kind: click.ParamType[Any], default: float, help_text: str) -> Any:
+    """A counted or timed option with its range, default and help."""
+    return click.option(flag, type=kind, default=default, show_default=True, help=help_text)
+
+
+def choice_option(flag: str, choices: Sequence[str], default: str, help_text: str) -> Any:
+    return click.option(
+        flag, type=click.Choice(choices), default=default, show_default=True, help=help_text
+    )

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -21,14 +22,18 @@ def workspace() -> None:
     """Register, update and show workspaces (resolved by immutable workspace id only)."""
 
 
+def context_file_option(help_text: str) -> Any:
+    return click.option(
+        "--context",
+        "context_file",
+        required=True,
+        type=click.Path(exists=True, dir_okay=False, path_type=Path),
+        help=help_text,
+    )
+
+
 @workspace.command("add")
-@click.option(
-    "--context",
-    "context_file",
-    required=True,
-    type=click.Path(exists=True, dir_okay=False, path_type=Path),
-    help="The Workspace Context YAML file (see docs/workspace-context.md).",
-)
+@context_file_option("The Workspace Context YAML file (see docs/workspace-context.md).")
 @data_dir_option
 def workspace_add(context_file: Path, data_dir: Path | None) -> None:
     """Register one workspace from its context file. A duplicate id is refused."""
@@ -40,13 +45,7 @@ def workspace_add(context_file: Path, data_dir: Path | None) -> None:
 
 
 @workspace.command("update")
-@click.option(
-    "--context",
-    "context_file",
-    required=True,
-    type=click.Path(exists=True, dir_okay=False, path_type=Path),
-    help="The new Workspace Context file; its workspace_id picks the workspace.",
-)
+@context_file_option("The new Workspace Context file; its workspace_id picks the workspace.")
 @data_dir_option
 def workspace_update(context_file: Path, data_dir: Path | None) -> None:
     """Replace a registered workspace's context (re-read on every run)."""
