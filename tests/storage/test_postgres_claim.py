@@ -11,7 +11,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import psycopg
 import pytest
@@ -55,7 +55,7 @@ def statements(monkeypatch: pytest.MonkeyPatch) -> Sent:
         def execute(self, query: Any, params: Any = None, **kwargs: Any) -> Any:
             text = query if isinstance(query, str) else repr(query)
             sent.append((threading.get_ident(), text))
-            return super().execute(query, params, **kwargs)
+            return super().execute(query, params, **kwargs)  # pyright: ignore[reportArgumentType] - recorded as sent
 
     class RecordingPool(ConnectionPool[Any]):
         def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -465,6 +465,7 @@ def test_what_the_statement_cannot_read_it_leaves_to_the_general_path(
         result, sent = sent_by(statements, lambda: h.claim(run_id, follow))
         assert general_path_after(sent), sent
         assert result.outcome is ClaimOutcome.CLAIMED and not result.task_created
+        assert result.task is not None and created.task is not None
         assert result.task.task_id == created.task.task_id
         assert [m.provider_message_id for m in result.task.messages] == ["pm-2"]
         assert store.get_task(created.task.task_id) == result.task
@@ -504,9 +505,10 @@ def test_a_joining_claim_whose_outcome_is_unknown_is_read_back_and_never_claimed
         assert proxied.commit_checks >= 1
         assert result.outcome is ClaimOutcome.CLAIMED and not result.task_created
         assert not result.taken_over and result.execution.generation == 1
+        assert created.task is not None
         assert result.task is not None and result.task.task_id == created.task.task_id
         task = direct.get_task(created.task.task_id)
-        assert task == result.task
+        assert task is not None and task == result.task
         assert [m.provider_message_id for m in task.messages] == ["pm-1", "pm-2"]
         record = direct.get_execution(through.key(follow))
         assert record is not None and record.state is ExecutionState.CLAIMED
@@ -551,7 +553,10 @@ def test_a_statement_the_server_rolled_back_runs_again_and_a_lost_one_is_read_ba
 
         def write_one(function: str) -> int:
             return store._write_one(  # pyright: ignore[reportPrivateUsage]
-                f"SELECT {function}() AS v", (), lambda row: int(row["v"]), verify(function)
+                f"SELECT {function}() AS v",
+                (),
+                lambda row: int(cast(Any, row)["v"]),
+                verify(function),
             )
 
         # The server said it rolled the statement back: it runs again, nothing is read back.
