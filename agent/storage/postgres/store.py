@@ -37,12 +37,7 @@ from psycopg_pool import ConnectionPool
 
 from agent.domain.errors import StoreError
 from agent.storage.backend import DATABASE_URL_SETTING
-from agent.storage.postgres.claims import (
-    DECLINED,
-    Declined,
-    OneStatementClaims,
-    install_functions,
-)
+from agent.storage.postgres.claims import DECLINED, Declined, OneStatementClaims, install_functions
 from agent.storage.sql import Cursor, Row, T, Tx, Verified
 
 SETTLE_TIMEOUT_MS = 10_000

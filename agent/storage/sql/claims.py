@@ -12,10 +12,7 @@ from datetime import UTC, datetime, timedelta
 from typing import NoReturn
 
 from agent import crashpoints
-from agent.domain.dispositions import (
-    TERMINAL,
-    parse_disposition,
-)
+from agent.domain.dispositions import TERMINAL, parse_disposition
 from agent.domain.errors import ClaimLost, StoreError
 from agent.domain.execution import ClaimOutcome, ExecutionRecord, ExecutionState, contest
 from agent.domain.records import (

@@ -4,9 +4,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
-from agent.domain.records import (
-    DraftRecord,
-)
+from agent.domain.records import DraftRecord
 from agent.storage.sql.core import Row, SqlBase, Tx, dt, ts
 
 

@@ -4,9 +4,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
-from agent.domain.records import (
-    HealthRecord,
-)
+from agent.domain.records import HealthRecord
 from agent.storage.sql.core import SqlBase, Tx, Verified, dt, ts
 
 

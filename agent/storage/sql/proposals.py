@@ -5,10 +5,7 @@ from __future__ import annotations
 import json
 from datetime import UTC, datetime
 
-from agent.domain.records import (
-    LearningProposal,
-    ProposalState,
-)
+from agent.domain.records import LearningProposal, ProposalState
 from agent.storage.sql.core import Row, SqlBase, Tx, dt, ts
 
 

@@ -6,10 +6,7 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 
 from agent.domain.errors import UnknownWorkspace, WorkspaceExists
-from agent.domain.records import (
-    Binding,
-    WorkspaceRow,
-)
+from agent.domain.records import Binding, WorkspaceRow
 from agent.storage.sql.core import Row, SqlBase, Tx, Verified, dt, ts
 
 

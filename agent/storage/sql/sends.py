@@ -6,11 +6,7 @@ import json
 from datetime import UTC, datetime, timedelta
 
 from agent.domain.errors import StoreError
-from agent.domain.records import (
-    SendIntent,
-    SendRecord,
-    SendState,
-)
+from agent.domain.records import SendIntent, SendRecord, SendState
 from agent.storage.sql.core import Row, SqlBase, Tx, Verified, dt, ts
 
 

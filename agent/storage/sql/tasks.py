@@ -9,9 +9,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 
 from agent.domain.errors import StoreError, TransitionError
-from agent.domain.records import (
-    TaskAmendment,
-)
+from agent.domain.records import TaskAmendment
 from agent.domain.reporting import apply_amendment, readiness
 from agent.domain.states import TERMINAL_STATES, TaskState, check_transition
 from agent.domain.task import Task

@@ -10,12 +10,7 @@ from agent.domain.dispositions import Disposition, GateKind
 from agent.domain.envelope import Envelope, work_key
 from agent.domain.errors import StoreError, TransitionError
 from agent.domain.execution import ClaimOutcome, ExecutionState
-from agent.domain.records import (
-    ClaimRequest,
-    EscalationDraft,
-    ReportRequest,
-    TaskUpdate,
-)
+from agent.domain.records import ClaimRequest, EscalationDraft, ReportRequest, TaskUpdate
 from agent.domain.states import TaskState
 from agent.domain.task import Gate
 from agent.testing import FrozenClock

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-from agent.domain.records import (
-    DraftRecord,
-)
+from agent.domain.records import DraftRecord
 from agent.testing import FrozenClock
 from agent.testing.storage.base import WS, Harness, StoreContract, new_task
 

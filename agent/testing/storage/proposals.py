@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-from agent.domain.records import (
-    LearningProposal,
-    ProposalState,
-)
+from agent.domain.records import LearningProposal, ProposalState
 from agent.ports import EmbeddedStore
 from agent.testing import FrozenClock
 from agent.testing.storage.base import WS, StoreContract, register

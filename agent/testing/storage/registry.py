@@ -5,9 +5,7 @@ from __future__ import annotations
 import pytest
 
 from agent.domain.errors import RegistryError
-from agent.domain.records import (
-    Binding,
-)
+from agent.domain.records import Binding
 from agent.ports import EmbeddedStore
 from agent.testing.contexts import context_yaml
 from agent.testing.storage.base import MAILBOX, WS, StoreContract, row

@@ -9,9 +9,7 @@ import pytest
 from agent.domain.dispositions import Disposition
 from agent.domain.errors import StoreError
 from agent.domain.execution import ClaimOutcome
-from agent.domain.records import (
-    TaskUpdate,
-)
+from agent.domain.records import TaskUpdate
 from agent.domain.run import LedgerEntry
 from agent.domain.states import TaskState
 from agent.ports import EmbeddedStore

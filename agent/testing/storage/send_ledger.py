@@ -10,11 +10,7 @@ from pathlib import Path
 import pytest
 
 from agent.domain.errors import StoreError
-from agent.domain.records import (
-    SendIntent,
-    SendRecord,
-    SendState,
-)
+from agent.domain.records import SendIntent, SendRecord, SendState
 from agent.ports import EmbeddedStore
 from agent.testing import FrozenClock
 from agent.testing.storage.base import (

@@ -8,9 +8,7 @@ import pytest
 
 from agent.domain.dispositions import Disposition
 from agent.domain.errors import CloseRefused
-from agent.domain.records import (
-    TaskUpdate,
-)
+from agent.domain.records import TaskUpdate
 from agent.domain.states import TaskState
 from agent.testing import FrozenClock
 from agent.testing.storage.base import WS, Harness, StoreContract, env

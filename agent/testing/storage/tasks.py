@@ -9,9 +9,7 @@ import pytest
 from agent.domain.dispositions import GateKind
 from agent.domain.envelope import work_key
 from agent.domain.errors import CloseRefused, StoreError, TransitionError
-from agent.domain.records import (
-    TaskAmendment,
-)
+from agent.domain.records import TaskAmendment
 from agent.domain.states import TRANSITIONS, TaskState
 from agent.domain.task import MessageRef
 from agent.ports import EmbeddedStore
