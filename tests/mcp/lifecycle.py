@@ -17,6 +17,26 @@ from tests.mcp.conftest import (
 )
 
 
+async def render_draft(
+    client: Client, task_id: str, body_markdown: str, language: str = "en"
+) -> dict[str, Any]:
+    """render a draft of the task from ``body_markdown``, in English unless told; the
+    draft's view."""
+    return await call(
+        client, "render", task_id=task_id, body_markdown=body_markdown, language=language
+    )
+
+
+async def check_gate(client: Client, task_id: str, draft_id: str, to: list[str]) -> dict[str, Any]:
+    """gate_check of a draft for the recipients ``to``; the gate's answer."""
+    return await call(client, "gate_check", task_id=task_id, draft_id=draft_id, to=to)
+
+
+async def send_draft(client: Client, task_id: str, draft_id: str, to: list[str]) -> dict[str, Any]:
+    """send a draft to the recipients ``to``; the send's view."""
+    return await call(client, "send", task_id=task_id, draft_id=draft_id, to=to)
+
+
 async def drive_lifecycle(
     client: Client, station: OperatorStation, *, wall_clock: bool = False
 ) -> dict[str, Any]:
@@ -33,16 +53,8 @@ async def drive_lifecycle(
     assert claimed["outcome"] == "CLAIMED" and claimed["task_created"]
     task_id = claimed["task_id"]
     await to_draft_ready(client, task_id)
-    draft = await call(
-        client,
-        "render",
-        task_id=task_id,
-        body_markdown="The Q4 quote is **$1,200**.",
-        language="en",
-    )
-    pending = await call(
-        client, "gate_check", task_id=task_id, draft_id=draft["draft_id"], to=[CLIENT]
-    )
+    draft = await render_draft(client, task_id, "The Q4 quote is **$1,200**.")
+    pending = await check_gate(client, task_id, draft["draft_id"], [CLIENT])
     assert not pending["ready"]
     requested = await call(client, "request_approval", task_id=task_id, draft_id=draft["draft_id"])
     assert requested["task_state"] == "WAITING_INTERNAL_APPROVAL"
@@ -63,9 +75,7 @@ async def drive_lifecycle(
     assert sorted(c["outcome"] for c in claims) == ["CLAIMED", "EXECUTION_ALREADY_DONE"]
     task = await call(client, "get_task", task_id=task_id)
     assert task["state"] == "APPROVED_TO_SEND"
-    ready = await call(
-        client, "gate_check", task_id=task_id, draft_id=draft["draft_id"], to=[CLIENT]
-    )
+    ready = await check_gate(client, task_id, draft["draft_id"], [CLIENT])
     assert ready["ready"]
     sent = await call(client, "send", task_id=task_id, draft_id=draft["draft_id"], to=[CLIENT])
     # Handed over, but not yet proven: the task waits for the stored copy to be read back.

@@ -14,6 +14,7 @@ from mcp.shared.exceptions import MCPError
 
 from mcp_server.runtime import REFUSED
 from tests.mcp.attacks import (
+    assert_unchanged,
     blockers,
     claimed_task,
     client_copies,
@@ -23,6 +24,7 @@ from tests.mcp.attacks import (
     outcome,
     request,
     snapshot,
+    staged_draft,
     state,
 )
 from tests.mcp.conftest import (
@@ -83,8 +85,7 @@ async def _still_unapproved(
 
     refusal = await refused(client, "send", task_id=task_id, draft_id=draft_id, to=[CLIENT])
     assert blockers(refusal) == {"approval_missing"}
-    assert await snapshot(station, client, task_id) == before
-    assert client_copies(station) == []
+    await assert_unchanged(station, client, before, task_id)
 
 
 async def test_record_approval_with_a_made_up_message_id_is_refused_and_changes_nothing(
@@ -254,9 +255,7 @@ async def test_a_standing_approval_the_context_does_not_record_is_refused(
     station: OperatorStation,
 ) -> None:
     async with station.client() as client:
-        task_id, _ = await client_task(station, client)
-        draft_id = await drafted(client, task_id)
-        before = await snapshot(station, client, task_id)
+        task_id, draft_id, before = await staged_draft(station, client)
 
         refusal = await refused(
             client, "record_approval", task_id=task_id, standing_class="delivery_confirmation"

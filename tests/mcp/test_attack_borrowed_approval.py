@@ -5,14 +5,17 @@ Each is refused, and nothing changes."""
 from __future__ import annotations
 
 import pytest
+from mcp import Client
 from mcp.shared.exceptions import MCPError
 
 from tests.mcp.attacks import (
     approved,
+    assert_unchanged,
     blockers,
     client_copies,
     client_task,
     drafted,
+    drafted_task,
     outcome,
     request,
     snapshot,
@@ -30,6 +33,15 @@ from tests.mcp.conftest import (
 pytestmark = pytest.mark.anyio
 
 
+async def _two_drafted_tasks(station: OperatorStation, client: Client) -> tuple[str, str, str, str]:
+    """A quote request and an invoice request taken in, then each drafted:
+    (task_a, draft_a, task_b, draft_b)."""
+    task_a, _ = await client_task(station, client, subject="Quote request")
+    task_b, _ = await client_task(station, client, subject="Invoice copy")
+    draft_a = await drafted(client, task_a)
+    return task_a, draft_a, task_b, await drafted(client, task_b, "Your invoice copy is attached.")
+
+
 # -- another task's approval -------------------------------------------------------------------
 
 
@@ -37,11 +49,8 @@ async def test_one_tasks_approval_cannot_be_used_for_another_task(
     station: OperatorStation,
 ) -> None:
     async with station.client() as client:
-        task_a, _ = await client_task(station, client, subject="Quote request")
-        task_b, _ = await client_task(station, client, subject="Invoice copy")
+        task_a, draft_a, task_b, draft_b = await _two_drafted_tasks(station, client)
         assert task_a != task_b
-        draft_a = await drafted(client, task_a)
-        draft_b = await drafted(client, task_b, "Your invoice copy is attached.")
         reply_a = await approved(station, client, task_a, draft_a)
         before = await snapshot(station, client, task_a, task_b)
 
@@ -74,10 +83,7 @@ async def test_an_approvers_reply_to_task_a_does_not_approve_task_b_waiting_for_
     station: OperatorStation,
 ) -> None:
     async with station.client() as client:
-        task_a, _ = await client_task(station, client, subject="Quote request")
-        task_b, _ = await client_task(station, client, subject="Invoice copy")
-        draft_a = await drafted(client, task_a)
-        draft_b = await drafted(client, task_b, "Your invoice copy is attached.")
+        task_a, draft_a, task_b, draft_b = await _two_drafted_tasks(station, client)
         await request(client, task_b, draft_b)
         reply_a = await approved(station, client, task_a, draft_a)
         before = await snapshot(station, client, task_a, task_b)
@@ -96,8 +102,7 @@ async def test_a_withdrawn_approval_is_not_revived_by_pointing_at_the_earlier_re
     station: OperatorStation,
 ) -> None:
     async with station.client() as client:
-        task_id, _ = await client_task(station, client)
-        draft_id = await drafted(client, task_id)
+        task_id, draft_id = await drafted_task(station, client)
         reply = await approved(station, client, task_id, draft_id)
         request_mid = (await call(client, "get_task", task_id=task_id))["approval_requests"][-1][
             "request_message_id"
@@ -120,5 +125,4 @@ async def test_a_withdrawn_approval_is_not_revived_by_pointing_at_the_earlier_re
         assert await snapshot(station, client, task_id) == before
         refusal = await refused(client, "send", task_id=task_id, draft_id=draft_id, to=[CLIENT])
         assert blockers(refusal) == {"changes_requested"}
-        assert await snapshot(station, client, task_id) == before
-        assert client_copies(station) == []
+        await assert_unchanged(station, client, before, task_id)

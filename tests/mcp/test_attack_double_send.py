@@ -15,6 +15,7 @@ from mcp.shared.exceptions import MCPError
 from mcp_server.runtime import REFUSED
 from tests.mcp.attacks import (
     approved,
+    approved_task,
     blockers,
     client_copies,
     client_task,
@@ -40,9 +41,7 @@ async def test_an_approved_draft_goes_out_once_and_a_second_send_is_refused(
     station: OperatorStation,
 ) -> None:
     async with station.client() as client:
-        task_id, _ = await client_task(station, client)
-        draft_id = await drafted(client, task_id)
-        await approved(station, client, task_id, draft_id)
+        task_id, draft_id = await approved_task(station, client)
         unsent = await snapshot(station, client, task_id)
         sent = await call(client, "send", task_id=task_id, draft_id=draft_id, to=[CLIENT])
         assert sent["status"] == "sent"

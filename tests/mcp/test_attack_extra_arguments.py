@@ -7,8 +7,7 @@ from __future__ import annotations
 import pytest
 
 from tests.mcp.attacks import (
-    client_task,
-    drafted,
+    drafted_task,
     invalid,
     snapshot,
     state,
@@ -29,8 +28,7 @@ async def test_arguments_the_schema_does_not_name_are_validation_errors_that_cha
     station: OperatorStation,
 ) -> None:
     async with station.client() as client:
-        task_id, _ = await client_task(station, client)
-        draft_id = await drafted(client, task_id)
+        task_id, draft_id = await drafted_task(station, client)
         station.deliver(sender=CLIENT, subject="Another request", body="And the Q1 renewal?")
         scanned = await call(client, "intake", mailbox_id=MAILBOX)
         fresh = [

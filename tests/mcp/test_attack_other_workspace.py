@@ -18,14 +18,16 @@ from agent.services import workspaces
 from tests.conftest import context_yaml
 from tests.mcp.attacks import (
     approved,
+    assert_unchanged,
     blockers,
     claimed_task,
-    client_copies,
     client_task,
     drafted,
     invalid,
     reason_for,
     snapshot,
+    staged_approval,
+    staged_draft,
 )
 from tests.mcp.conftest import (
     CLIENT,
@@ -160,9 +162,7 @@ async def test_unregistered_workspaces_mailboxes_and_tasks_are_clear_errors(
     station: OperatorStation,
 ) -> None:
     async with station.client() as client:
-        task_id, _ = await client_task(station, client)
-        draft_id = await drafted(client, task_id)
-        before = await snapshot(station, client, task_id)
+        task_id, draft_id, before = await staged_draft(station, client)
 
         text = await tool_error(client, "list_queue", workspace_id="ws-not-registered")
         assert "ws-not-registered" in text
@@ -206,8 +206,7 @@ async def test_an_approved_draft_naming_another_workspaces_client_is_refused(
         refusal = await refused(client, "send", task_id=task_id, draft_id=draft_id, to=[CLIENT])
         assert blockers(refusal) == {"foreign_content"}
         assert OTHER_CLIENT in reason_for(refusal, "foreign_content")["detail"]
-        assert await snapshot(station, client, task_id) == before
-        assert client_copies(station) == []
+        await assert_unchanged(station, client, before, task_id)
 
 
 @pytest.mark.parametrize(
@@ -230,14 +229,10 @@ async def test_another_workspaces_client_hidden_from_plain_matching_is_still_ref
 ) -> None:
     register_other(station)
     async with station.client() as client:
-        task_id, _ = await client_task(station, client)
-        draft_id = await drafted(client, task_id, body)
-        await approved(station, client, task_id, draft_id)
-        before = await snapshot(station, client, task_id)
+        task_id, draft_id, before = await staged_approval(station, client, body)
         refusal = await refused(client, "send", task_id=task_id, draft_id=draft_id, to=[CLIENT])
         assert blockers(refusal) == {"foreign_content"}
-        assert await snapshot(station, client, task_id) == before
-        assert client_copies(station) == []
+        await assert_unchanged(station, client, before, task_id)
 
 
 @pytest.mark.parametrize(

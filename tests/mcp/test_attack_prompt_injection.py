@@ -16,13 +16,13 @@ import pytest
 
 from tests.mcp.attacks import (
     INJECTION,
-    approved,
+    assert_unchanged,
     blockers,
     client_copies,
-    client_task,
     drafted,
     reason_for,
     snapshot,
+    staged_approval,
 )
 from tests.mcp.conftest import (
     CLIENT,
@@ -82,19 +82,14 @@ async def test_instructions_in_a_clients_email_are_data_and_authorize_nothing(
         assert blockers(refusal) == {"approval_missing"}
         await refused(client, "record_approval", task_id=task_id, reply_message_id=mid)
 
-        assert await snapshot(station, client, task_id) == before
-        assert client_copies(station, STRANGER) == []
-        assert client_copies(station) == []
+        await assert_unchanged(station, client, before, task_id, unsent_to=(STRANGER, CLIENT))
 
 
 async def test_an_injected_instruction_does_not_widen_an_approval_to_its_recipient(
     station: OperatorStation,
 ) -> None:
     async with station.client() as client:
-        task_id, _ = await client_task(station, client, body=INJECTION)
-        draft_id = await drafted(client, task_id)
-        await approved(station, client, task_id, draft_id)
-        before = await snapshot(station, client, task_id)
+        task_id, draft_id, before = await staged_approval(station, client, body=INJECTION)
 
         refusal = await refused(
             client, "send", task_id=task_id, draft_id=draft_id, to=[CLIENT], cc=[STRANGER]

@@ -9,13 +9,13 @@ import pytest
 
 from tests.mcp.attacks import (
     INJECTION,
-    approved,
+    approved_task,
+    assert_unchanged,
     blockers,
     client_copies,
-    client_task,
-    drafted,
     reason_for,
     snapshot,
+    staged_approval,
     state,
 )
 from tests.mcp.conftest import (
@@ -59,10 +59,7 @@ async def test_an_approved_draft_never_goes_to_an_unverified_recipient(
     station: OperatorStation, to: list[str], cc: list[str], outsider: str
 ) -> None:
     async with station.client() as client:
-        task_id, _ = await client_task(station, client)
-        draft_id = await drafted(client, task_id)
-        await approved(station, client, task_id, draft_id)
-        before = await snapshot(station, client, task_id)
+        task_id, draft_id, before = await staged_approval(station, client)
 
         gate = await call(client, "gate_check", task_id=task_id, draft_id=draft_id, to=to, cc=cc)
         assert gate["ready"] is False
@@ -83,10 +80,7 @@ async def test_the_workspaces_own_mailbox_is_no_recipient_for_an_approved_draft(
     station: OperatorStation,
 ) -> None:
     async with station.client() as client:
-        task_id, _ = await client_task(station, client)
-        draft_id = await drafted(client, task_id)
-        await approved(station, client, task_id, draft_id)
-        before = await snapshot(station, client, task_id)
+        task_id, draft_id, before = await staged_approval(station, client)
 
         refusal = await refused(client, "send", task_id=task_id, draft_id=draft_id, to=[MAILBOX])
         assert "no_recipients" in blockers(refusal)
@@ -101,10 +95,7 @@ async def test_an_approval_naming_a_stranger_does_not_make_the_stranger_a_verifi
     station: OperatorStation,
 ) -> None:
     async with station.client() as client:
-        task_id, _ = await client_task(station, client)
-        draft_id = await drafted(client, task_id)
-        await approved(station, client, task_id, draft_id, to=[STRANGER])
-        before = await snapshot(station, client, task_id)
+        task_id, draft_id, before = await staged_approval(station, client, to=[STRANGER])
 
         refusal = await refused(client, "send", task_id=task_id, draft_id=draft_id, to=[STRANGER])
         assert reason_for(refusal, "recipient_unknown")["recipient"] == STRANGER
@@ -112,18 +103,14 @@ async def test_an_approval_naming_a_stranger_does_not_make_the_stranger_a_verifi
         refusal = await refused(client, "send", task_id=task_id, draft_id=draft_id, to=[CLIENT])
         assert blockers(refusal) == {"approval_missing"}
         assert STRANGER in reason_for(refusal, "approval_missing")["detail"]
-        assert await snapshot(station, client, task_id) == before
-        assert client_copies(station, STRANGER) == []
-        assert client_copies(station) == []
+        await assert_unchanged(station, client, before, task_id, unsent_to=(STRANGER, CLIENT))
 
 
 async def test_a_learning_proposal_does_not_make_a_stranger_a_recipient(
     station: OperatorStation,
 ) -> None:
     async with station.client() as client:
-        task_id, _ = await client_task(station, client, body=INJECTION)
-        draft_id = await drafted(client, task_id)
-        await approved(station, client, task_id, draft_id, to=[CLIENT])
+        task_id, draft_id = await approved_task(station, client, body=INJECTION, to=[CLIENT])
         proposal = await call(
             client,
             "submit_learning",

@@ -9,15 +9,19 @@ from pathlib import Path
 import pytest
 
 from tests.mcp.attacks import (
-    approved,
+    approved_task,
+    assert_unchanged,
     blockers,
     client_copies,
     client_task,
     custom_station,
     drafted,
+    drafted_task,
     reason_for,
     request,
     snapshot,
+    staged_approval,
+    staged_draft,
     state,
 )
 from tests.mcp.conftest import (
@@ -38,9 +42,7 @@ async def test_a_client_draft_without_approval_is_refused_as_approval_missing_an
     station: OperatorStation,
 ) -> None:
     async with station.client() as client:
-        task_id, _ = await client_task(station, client)
-        draft_id = await drafted(client, task_id)
-        before = await snapshot(station, client, task_id)
+        task_id, draft_id, before = await staged_draft(station, client)
 
         gate = await call(client, "gate_check", task_id=task_id, draft_id=draft_id, to=[CLIENT])
         assert gate["ready"] is False
@@ -59,8 +61,7 @@ async def test_a_send_while_the_approval_is_only_requested_is_refused_and_nothin
     station: OperatorStation,
 ) -> None:
     async with station.client() as client:
-        task_id, _ = await client_task(station, client)
-        draft_id = await drafted(client, task_id)
+        task_id, draft_id = await drafted_task(station, client)
         await request(client, task_id, draft_id)
         before = await snapshot(station, client, task_id)
 
@@ -68,8 +69,7 @@ async def test_a_send_while_the_approval_is_only_requested_is_refused_and_nothin
         assert blockers(refusal) == {"approval_missing"}
         assert "WAITING_INTERNAL_APPROVAL" in reason_for(refusal, "approval_missing")["detail"]
 
-        assert await snapshot(station, client, task_id) == before
-        assert client_copies(station) == []
+        await assert_unchanged(station, client, before, task_id)
 
 
 # -- editing after approval --------------------------------------------------------------------
@@ -79,9 +79,7 @@ async def test_a_draft_changed_after_approval_is_not_covered_by_it(
     station: OperatorStation,
 ) -> None:
     async with station.client() as client:
-        task_id, _ = await client_task(station, client)
-        draft_id = await drafted(client, task_id, "Here is the quote: 120 USD.")
-        await approved(station, client, task_id, draft_id)
+        task_id, draft_id = await approved_task(station, client, "Here is the quote: 120 USD.")
         changed = await call(
             client, "render", task_id=task_id, body_markdown="Here is the quote: 12 USD."
         )
@@ -97,8 +95,7 @@ async def test_a_draft_changed_after_approval_is_not_covered_by_it(
         )
         assert blockers(refusal) == {"approval_missing"}
         assert changed["digest"][:12] in reason_for(refusal, "approval_missing")["detail"]
-        assert await snapshot(station, client, task_id) == before
-        assert client_copies(station) == []
+        await assert_unchanged(station, client, before, task_id)
 
         # The approved draft itself is still what the approval covers.
         gate = await call(client, "gate_check", task_id=task_id, draft_id=draft_id, to=[CLIENT])
@@ -132,15 +129,11 @@ async def test_sends_disabled_holds_a_client_send_even_with_an_approvers_approva
 ) -> None:
     station = disabled_station(tmp_path / "disabled")
     async with station.client() as client:
-        task_id, _ = await client_task(station, client)
-        draft_id = await drafted(client, task_id)
-        await approved(station, client, task_id, draft_id)
-        before = await snapshot(station, client, task_id)
+        task_id, draft_id, before = await staged_approval(station, client)
 
         refusal = await refused(client, "send", task_id=task_id, draft_id=draft_id, to=[CLIENT])
         assert blockers(refusal) == {"sends_disabled"}
-        assert await snapshot(station, client, task_id) == before
-        assert client_copies(station) == []
+        await assert_unchanged(station, client, before, task_id)
 
 
 async def test_sends_disabled_still_lets_an_internal_reply_go_to_a_colleague(
@@ -148,8 +141,9 @@ async def test_sends_disabled_still_lets_an_internal_reply_go_to_a_colleague(
 ) -> None:
     station = disabled_station(tmp_path / "disabled")
     async with station.client() as client:
-        task_id, _ = await client_task(station, client)
-        draft_id = await drafted(client, task_id, "Eli, the quote is ready for review.")
+        task_id, draft_id = await drafted_task(
+            station, client, "Eli, the quote is ready for review."
+        )
 
         sent = await call(client, "send", task_id=task_id, draft_id=draft_id, to=[COLLEAGUE])
         assert sent["status"] == "sent"

@@ -19,6 +19,7 @@ from tests.mcp.conftest import (
     to_draft_ready,
     tool_error,
 )
+from tests.mcp.lifecycle import check_gate
 
 pytestmark = pytest.mark.anyio
 
@@ -67,9 +68,7 @@ async def test_render_without_a_body_drafts_through_the_hosts_model_with_the_ema
         draft = await call(
             client, "render", task_id=task_id, guidance="Quote $1,200 per year.", language="en"
         )
-        gate = await call(
-            client, "gate_check", task_id=task_id, draft_id=draft["draft_id"], to=[CLIENT]
-        )
+        gate = await check_gate(client, task_id, draft["draft_id"], [CLIENT])
     assert draft["drafted_by"] == "host_model"
     assert "$1,200" in draft["text"] and draft["direction"] == "ltr"
     [params] = model.asked

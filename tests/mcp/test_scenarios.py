@@ -46,6 +46,7 @@ from tests.mcp.conftest import (
     station_context,
     to_draft_ready,
 )
+from tests.mcp.lifecycle import check_gate, render_draft, send_draft
 
 pytestmark = pytest.mark.anyio
 
@@ -457,18 +458,12 @@ async def test_scenario_05_internal_work_proceeds_while_the_client_send_waits_fo
         _, [claim] = await intake_and_claim(client)
         task_id = claim["task_id"]
         await to_draft_ready(client, task_id)
-        reply = await call(
-            client,
-            "render",
-            task_id=task_id,
-            body_markdown="Dear Dana, the Q4 licence quote is USD 1,250 (INV-2026-118).",
-            language="en",
+        reply = await render_draft(
+            client, task_id, "Dear Dana, the Q4 licence quote is USD 1,250 (INV-2026-118)."
         )
 
         # The client send waits for approval ...
-        gate = await call(
-            client, "gate_check", task_id=task_id, draft_id=reply["draft_id"], to=[CLIENT]
-        )
+        gate = await check_gate(client, task_id, reply["draft_id"], [CLIENT])
         assert gate["ready"] is False and gate["communication"] == "client_facing"
         assert [(r["blocker"], r["owner"]) for r in gate["reasons"]] == [
             ("approval_missing", APPROVER)
@@ -482,20 +477,12 @@ async def test_scenario_05_internal_work_proceeds_while_the_client_send_waits_fo
         assert [r["blocker"] for r in refusal.data["reasons"]] == ["approval_missing"]
 
         # ... while the internal update to a verified colleague goes at once.
-        note = await call(
-            client,
-            "render",
-            task_id=task_id,
-            body_markdown="Eli, the Q4 quote for Dana is drafted and waits for Noa's approval.",
-            language="en",
+        note = await render_draft(
+            client, task_id, "Eli, the Q4 quote for Dana is drafted and waits for Noa's approval."
         )
-        internal_gate = await call(
-            client, "gate_check", task_id=task_id, draft_id=note["draft_id"], to=[COLLEAGUE]
-        )
+        internal_gate = await check_gate(client, task_id, note["draft_id"], [COLLEAGUE])
         assert internal_gate["ready"] is True and internal_gate["communication"] == "internal"
-        internal = await call(
-            client, "send", task_id=task_id, draft_id=note["draft_id"], to=[COLLEAGUE]
-        )
+        internal = await send_draft(client, task_id, note["draft_id"], [COLLEAGUE])
         assert internal["status"] == "sent" and internal["to"] == [COLLEAGUE]
         assert internal["delivered"] is True  # the station's mail server delivers it
         assert internal["task_state"] == "DRAFT_READY"
@@ -509,21 +496,13 @@ async def test_scenario_05_internal_work_proceeds_while_the_client_send_waits_fo
         assert approval["request_message_id"] in sent_by_message_id(station)
 
         # Internal work still proceeds while the approval is outstanding.
-        status = await call(
-            client,
-            "render",
-            task_id=task_id,
-            body_markdown="Eli, the approval request went to Noa; nothing has gone to Dana yet.",
-            language="en",
+        status = await render_draft(
+            client, task_id, "Eli, the approval request went to Noa; nothing has gone to Dana yet."
         )
-        update = await call(
-            client, "send", task_id=task_id, draft_id=status["draft_id"], to=[COLLEAGUE]
-        )
+        update = await send_draft(client, task_id, status["draft_id"], [COLLEAGUE])
         assert update["status"] == "sent"
         assert update["task_state"] == "WAITING_INTERNAL_APPROVAL"
-        waiting = await call(
-            client, "gate_check", task_id=task_id, draft_id=reply["draft_id"], to=[CLIENT]
-        )
+        waiting = await check_gate(client, task_id, reply["draft_id"], [CLIENT])
         assert waiting["ready"] is False and waiting["approval_basis"] is None
         assert "approval_missing" in [r["blocker"] for r in waiting["reasons"]]
         client_copies = [m for m in sent_by_message_id(station).values() if CLIENT in str(m["To"])]
@@ -542,9 +521,7 @@ async def test_scenario_05_internal_work_proceeds_while_the_client_send_waits_fo
         )
         assert verdict["task_state"] == "APPROVED_TO_SEND" and APPROVER in verdict["finding"]
 
-        ready = await call(
-            client, "gate_check", task_id=task_id, draft_id=reply["draft_id"], to=[CLIENT]
-        )
+        ready = await check_gate(client, task_id, reply["draft_id"], [CLIENT])
         assert ready["ready"] is True and ready["reasons"] == []
         assert ready["approval_basis"] is not None and APPROVER in ready["approval_basis"]
 
@@ -561,12 +538,8 @@ async def test_scenario_06_an_approved_client_reply_stays_in_the_original_thread
         await reconcile_all(client, scanned)
         task_id = claim["task_id"]
         await to_draft_ready(client, task_id)
-        reply = await call(
-            client,
-            "render",
-            task_id=task_id,
-            body_markdown="Dear Dana, the Q4 licence quote is attached to INV-2026-118.",
-            language="en",
+        reply = await render_draft(
+            client, task_id, "Dear Dana, the Q4 licence quote is attached to INV-2026-118."
         )
         assert reply["subject"] == {"text": "Re: Quote request", "flags": []}
         approval = await call(
@@ -661,9 +634,7 @@ async def test_scenario_07_hebrew_rtl_and_english_ltr_survive_stored_copy_read_b
         sends: dict[str, dict[str, Any]] = {}
         read_backs: dict[str, dict[str, Any]] = {}
         for task_id, draft in drafts.items():
-            sends[task_id] = await call(
-                client, "send", task_id=task_id, draft_id=draft["draft_id"], to=[CLIENT]
-            )
+            sends[task_id] = await send_draft(client, task_id, draft["draft_id"], [CLIENT])
             assert sends[task_id]["status"] == "sent"
             assert sends[task_id]["delivered"] is True
             read_backs[task_id] = await call(client, "read_back", send_id=sends[task_id]["send_id"])
@@ -724,9 +695,7 @@ async def test_read_back_checks_that_pass_carry_no_failure_message(
         note = await call(
             client, "render", task_id=task_id, body_markdown="Eli, see INV-2026-118.", language="en"
         )
-        sent = await call(
-            client, "send", task_id=task_id, draft_id=note["draft_id"], to=[COLLEAGUE]
-        )
+        sent = await send_draft(client, task_id, note["draft_id"], [COLLEAGUE])
         read_back = await call(client, "read_back", send_id=sent["send_id"])
     assert read_back["ok"] is True
     checks = by_name(read_back)

@@ -37,6 +37,7 @@ from tests.mcp.conftest import (
     tool_error,
 )
 from tests.mcp.hooked import WAIT, Hooks, hooked_client
+from tests.mcp.lifecycle import check_gate, render_draft, send_draft
 
 pytestmark = pytest.mark.anyio
 
@@ -467,13 +468,7 @@ async def test_render_in_the_contexts_hebrew_gives_rtl_and_lang_he(
 async def test_render_in_english_gives_ltr_and_lang_en(station: OperatorStation) -> None:
     async with station.client() as client:
         _, task_id = await new_task(client, station, sender=CLIENT)
-        draft = await call(
-            client,
-            "render",
-            task_id=task_id,
-            body_markdown="Hello Dana, the price is $100.",
-            language="en",
-        )
+        draft = await render_draft(client, task_id, "Hello Dana, the price is $100.")
         other = await call(
             client, "render", task_id=task_id, body_markdown="Hello Dana, it is $90.", language="en"
         )
@@ -521,9 +516,7 @@ async def test_gate_check_lets_internal_mail_to_a_verified_colleague_go_without_
     async with station.client() as client:
         _, task_id = await new_task(client, station, sender=CLIENT)
         draft = await call(client, "render", task_id=task_id, body_markdown="FYI", language="en")
-        gate = await call(
-            client, "gate_check", task_id=task_id, draft_id=draft["draft_id"], to=[COLLEAGUE]
-        )
+        gate = await check_gate(client, task_id, draft["draft_id"], [COLLEAGUE])
     assert gate["ready"] is True
     assert gate["communication"] == "internal"
     assert gate["reasons"] == []
@@ -637,9 +630,7 @@ async def test_an_approvers_reply_taken_in_by_intake_lets_the_approved_draft_go_
         second_found, claims = await intake_and_claim(client)
         [taken] = [c for c in claims if c["outcome"] == "CLAIMED"]
         verdict = await call(client, "record_approval", task_id=task_id, reply_message_id=reply)
-        gate = await call(
-            client, "gate_check", task_id=task_id, draft_id=draft["draft_id"], to=[CLIENT]
-        )
+        gate = await check_gate(client, task_id, draft["draft_id"], [CLIENT])
         sent = await call(client, "send", task_id=task_id, draft_id=draft["draft_id"], to=[CLIENT])
         checked = await call(client, "read_back", send_id=sent["send_id"])
         done = await call(
@@ -747,9 +738,7 @@ async def test_a_host_cannot_declare_a_task_into_a_standing_approved_message_cla
         unknown = await refused(
             client, "record_approval", task_id=task_id, standing_class="price-quote"
         )
-        gate = await call(
-            client, "gate_check", task_id=task_id, draft_id=draft["draft_id"], to=[CLIENT]
-        )
+        gate = await check_gate(client, task_id, draft["draft_id"], [CLIENT])
         send = await refused(
             client, "send", task_id=task_id, draft_id=draft["draft_id"], to=[CLIENT]
         )
@@ -785,9 +774,7 @@ async def test_a_standing_approval_covers_a_task_the_server_classified_in_exactl
         found = await call(
             client, "record_approval", task_id=task_id, standing_class="receipt-confirmation"
         )
-        gate = await call(
-            client, "gate_check", task_id=task_id, draft_id=draft["draft_id"], to=[CLIENT]
-        )
+        gate = await check_gate(client, task_id, draft["draft_id"], [CLIENT])
         sent = await call(client, "send", task_id=task_id, draft_id=draft["draft_id"], to=[CLIENT])
         checked = await call(client, "read_back", send_id=sent["send_id"])
         task = await call(client, "get_task", task_id=task_id)
@@ -844,19 +831,11 @@ async def test_completion_is_refused_until_the_internal_requester_has_had_a_repl
         partial = await refused(
             client, "report", task_id=task_id, outcome="partially_completed", evidence="half"
         )
-        status = await call(
-            client,
-            "render",
-            task_id=task_id,
-            body_markdown="**Complete:** the Q4 numbers.\n\n**Remaining:** nothing.",
-            language="en",
+        status = await render_draft(
+            client, task_id, "**Complete:** the Q4 numbers.\n\n**Remaining:** nothing."
         )
-        gate = await call(
-            client, "gate_check", task_id=task_id, draft_id=status["draft_id"], to=[COLLEAGUE]
-        )
-        sent = await call(
-            client, "send", task_id=task_id, draft_id=status["draft_id"], to=[COLLEAGUE]
-        )
+        gate = await check_gate(client, task_id, status["draft_id"], [COLLEAGUE])
+        sent = await send_draft(client, task_id, status["draft_id"], [COLLEAGUE])
         answered = await call(client, "get_task", task_id=task_id)
         checked = await call(client, "read_back", send_id=sent["send_id"])
         done = await call(

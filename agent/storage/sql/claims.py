@@ -26,7 +26,7 @@ from agent.domain.records import (
 from agent.domain.reporting import apply_report
 from agent.domain.states import TaskState
 from agent.domain.task import Task
-from agent.storage.sql.core import Row, Tx, Verified, chunks, dt, ts
+from agent.storage.sql.core import Row, Tx, Verified, chunks, dt, record_of, ts
 from agent.storage.sql.runs import RunRows
 from agent.storage.sql.tasks import TaskRows
 
@@ -476,17 +476,4 @@ class ClaimRows(TaskRows, RunRows):
             sql += " WHERE scope = ?"
             params = (scope,)
         rows = self._read(sql + " ORDER BY created_at, occurrence_key", params)
-        return [
-            Escalation(
-                occurrence_key=r["occurrence_key"],
-                scope=r["scope"],
-                queue=r["queue"],
-                assignee=r["assignee"],
-                reason=r["reason"],
-                provider=r["provider"],
-                mailbox_id=r["mailbox_id"],
-                item_ref=r["item_ref"],
-                created_at=dt(r["created_at"]) or datetime.now(UTC),
-            )
-            for r in rows
-        ]
+        return [record_of(Escalation, r, times=("created_at",)) for r in rows]

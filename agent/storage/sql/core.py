@@ -12,9 +12,12 @@ on everything that read saw; SQLite's write lock serializes every writer anyway.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from datetime import UTC, datetime
 from typing import Any, Protocol, TypeVar
+
+from pydantic import BaseModel
 
 from agent.domain.errors import StoreError
 from agent.storage.schema import MIGRATIONS
@@ -70,6 +73,33 @@ def ts(moment: datetime) -> float:
 
 def dt(value: float | None) -> datetime | None:
     return None if value is None else datetime.fromtimestamp(value, UTC)
+
+
+M = TypeVar("M", bound=BaseModel)
+
+
+def record_of(
+    model: type[M],
+    row: Row,
+    *,
+    times: Sequence[str] = (),
+    lists: Sequence[str] = (),
+    **given: Any,
+) -> M:
+    """The record a row holds, its columns named as the model's fields: ``times`` are
+    stored as seconds since the epoch, ``lists`` as JSON arrays; ``given`` are fields that
+    are not columns."""
+    values: dict[str, Any] = {}
+    for name in model.model_fields:
+        if name in given:
+            continue
+        value = row[name]
+        if name in times:
+            value = dt(value)
+        elif name in lists:
+            value = tuple(json.loads(value))
+        values[name] = value
+    return model.model_validate({**values, **given})
 
 
 class SqlBase:

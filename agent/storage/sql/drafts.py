@@ -2,23 +2,14 @@
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
-
 from agent.domain.records import DraftRecord
-from agent.storage.sql.core import Row, SqlBase, Tx, dt, ts
+from agent.storage.sql.core import Row, SqlBase, Tx, record_of, ts
 
 
 class DraftRows(SqlBase):
     @staticmethod
     def _draft(row: Row) -> DraftRecord:
-        return DraftRecord(
-            draft_id=row["draft_id"],
-            task_id=row["task_id"],
-            workspace_id=row["workspace_id"],
-            digest=row["digest"],
-            rendered=row["rendered"],
-            created_at=dt(row["created_at"]) or datetime.now(UTC),
-        )
+        return record_of(DraftRecord, row, times=("created_at",))
 
     def save_draft(self, draft: DraftRecord) -> DraftRecord:
         def body(conn: Tx) -> DraftRecord:

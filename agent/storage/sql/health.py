@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import datetime
 
 from agent.domain.records import HealthRecord
-from agent.storage.sql.core import SqlBase, Tx, Verified, dt, ts
+from agent.storage.sql.core import SqlBase, Tx, Verified, record_of, ts
 
 
 class HealthRows(SqlBase):
@@ -29,11 +29,6 @@ class HealthRows(SqlBase):
 
     def list_health(self) -> list[HealthRecord]:
         return [
-            HealthRecord(
-                key=r["key"],
-                detail=r["detail"],
-                count=int(r["count"]),
-                recorded_at=dt(r["recorded_at"]) or datetime.now(UTC),
-            )
+            record_of(HealthRecord, r, times=("recorded_at",))
             for r in self._read("SELECT * FROM health ORDER BY key")
         ]

@@ -3,24 +3,19 @@
 from __future__ import annotations
 
 import json
-from datetime import UTC, datetime
 
-from agent.domain.records import LearningProposal, ProposalState
-from agent.storage.sql.core import Row, SqlBase, Tx, dt, ts
+from agent.domain.records import LearningProposal
+from agent.storage.sql.core import Row, SqlBase, Tx, record_of, ts
 
 
 class ProposalRows(SqlBase):
     @staticmethod
     def _proposal(row: Row, *, created: bool = False) -> LearningProposal:
-        return LearningProposal(
-            proposal_id=row["proposal_id"],
-            workspace_id=row["workspace_id"],
-            kind=row["kind"],
-            summary=row["summary"],
-            detail=row["detail"],
-            evidence=tuple(json.loads(row["evidence"])),
-            state=ProposalState(row["state"]),
-            submitted_at=dt(row["submitted_at"]) or datetime.now(UTC),
+        return record_of(
+            LearningProposal,
+            row,
+            times=("submitted_at",),
+            lists=("evidence",),
             created=created,
         )
 

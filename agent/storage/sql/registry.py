@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from datetime import UTC, datetime
 
 from agent.domain.errors import UnknownWorkspace, WorkspaceExists
 from agent.domain.records import Binding, WorkspaceRow
-from agent.storage.sql.core import Row, SqlBase, Tx, Verified, dt, ts
+from agent.storage.sql.core import Row, SqlBase, Tx, Verified, record_of, ts
 
 
 class RegistryRows(SqlBase):
@@ -72,15 +71,7 @@ class RegistryRows(SqlBase):
 
     @staticmethod
     def _workspace(row: Row) -> WorkspaceRow:
-        return WorkspaceRow(
-            workspace_id=row["workspace_id"],
-            label=row["label"],
-            context_path=row["context_path"],
-            context_sha256=row["context_sha256"],
-            registered_at=dt(row["registered_at"]) or datetime.now(UTC),
-            updated_at=dt(row["updated_at"]) or datetime.now(UTC),
-            context_text=row["context_text"],
-        )
+        return record_of(WorkspaceRow, row, times=("registered_at", "updated_at"))
 
     def get_workspace(self, workspace_id: str) -> WorkspaceRow | None:
         rows = self._read("SELECT * FROM workspaces WHERE workspace_id = ?", (workspace_id,))
