@@ -11,7 +11,9 @@ import os
 import signal
 
 POINTS = (
-    "after_task_write",  # inside the claim transaction, task written, not committed
+    # inside the claim transaction, task written, not committed (PostgreSQL's one-statement
+    # claim: just before the statement, which writes and commits together)
+    "after_task_write",
     "after_claim_txn",  # claim and task committed, nothing reported
     "before_report",  # work done, report not yet written
     "after_report",  # report committed, the run continues

@@ -13,8 +13,8 @@ EXCUSE = "# Long on purpose:"
 
 
 def long_functions(path: Path, root: Path = ROOT) -> list[str]:
-    """Functions over MAX_LINES lines (decorators to last line) without an EXCUSE comment
-    in the lines right above them."""
+    """Functions over MAX_LINES lines (``def`` to last line) without an EXCUSE comment in the
+    lines right above them (or above their decorators)."""
     text = path.read_text(encoding="utf-8")
     lines = text.splitlines()
     found: list[str] = []

@@ -236,7 +236,7 @@ async def test_a_run_for_an_unregistered_workspace_fails_naming_the_workspace(
     station_store: SqliteStore, data_dir: workspaces.DataDir, clock: FrozenClock
 ) -> None:
     # The core names the workspace; each front end says what to run (tests/test_cli.py and
-    # tests/mcp/test_bad_input.py check that wording).
+    # tests/mcp/test_bad_input.py, for list_queue and access_status, check that wording).
     with pytest.raises(UnknownWorkspace, match="workspace ws-nobody is not registered") as caught:
         await cycle(station_store, data_dir, "ws-nobody", clock, InMemoryProvider(MAILBOX))
     assert isinstance(caught.value, RegistryError) and caught.value.workspace_id == "ws-nobody"

@@ -11,6 +11,7 @@ from agent.ports import EmbeddedStore
 from agent.storage.postgres import PostgresStore
 from agent.storage.sqlite import SqliteStore
 from agent.testing.storage import (
+    ROLE_CONTRACTS,
     ClaimsContract,
     DraftsContract,
     HealthContract,
@@ -105,3 +106,17 @@ class TestInspectOnSqlite(OnSqlite, InspectContract): ...
 
 
 class TestInspectOnPostgres(OnPostgres, InspectContract): ...
+
+
+def test_every_storage_role_suite_runs_on_both_backends() -> None:
+    backends = {OnSqlite, OnPostgres}
+    runs = {
+        (suite, backend)
+        for test_class in globals().values()
+        if isinstance(test_class, type) and test_class.__name__.startswith("Test")
+        for suite in ROLE_CONTRACTS
+        if issubclass(test_class, suite)
+        for backend in backends
+        if issubclass(test_class, backend)
+    }
+    assert runs == {(suite, backend) for suite in ROLE_CONTRACTS for backend in backends}
