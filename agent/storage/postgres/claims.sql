@@ -14,8 +14,8 @@
 -- OL001: the whole statement rolls back, and the caller runs the general path instead.
 --
 -- Installed by PostgresStore at open, in the store's schema, inside the migration
--- transaction. The _v1 suffix is the call signature: a changed signature is a new name,
--- so processes of an older release keep calling theirs while a newer one starts. The
+-- transaction. The _v1 suffix names the signature and the body: a change to either is a new
+-- name, so processes of an older release keep calling theirs while a newer one starts. The
 -- file is sent as it is, in one simple query (no placeholders are substituted in it).
 
 CREATE OR REPLACE FUNCTION outloop_claim_task_v1(
