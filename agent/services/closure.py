@@ -16,8 +16,7 @@ from agent.domain.automation import SendKind
 from agent.domain.context import WorkspaceContext
 from agent.domain.errors import GateRefused, UnknownTask
 from agent.domain.gates import DraftFacts, draft_digest, release_guard
-from agent.domain.mail import OutgoingMessage
-from agent.domain.records import SendIntent, TaskAmendment
+from agent.domain.records import TaskAmendment
 from agent.domain.states import TaskState
 from agent.domain.task import CommunicationState, Task
 from agent.ports import Clock, MailProvider, TaskBoard
@@ -27,7 +26,7 @@ from agent.services.outbound import (
     OutboundStore,
     SendOutcome,
     SendStatus,
-    outgoing,
+    reply_in_thread,
     send_once,
     sent_ref,
 )
@@ -68,7 +67,7 @@ async def reply_to_requester(
         raise GateRefused(f"the status reply to {task.requester} cannot go: {gate.summary()}")
     to, cc = gate.plan.addresses()
     key = f"status|{task_id}|{hashlib.sha256((complete + '|' + remaining).encode()).hexdigest()}"
-    intent, message = _status_message(task, task_id, key, rendered, to, cc)
+    intent, message = reply_in_thread(task, key, rendered, to, cc, SendKind.INTERNAL_REPLY)
     outcome = await send_once(store, provider, intent, message, clock)
     if outcome.status is SendStatus.IN_PROGRESS:
         raise GateRefused(f"the status reply {key} is being sent by another worker")
@@ -103,34 +102,6 @@ def _status_draft(
         text=rendered.text,
     )
     return rendered, facts
-
-
-def _status_message(
-    task: Task,
-    task_id: str,
-    key: str,
-    rendered: RenderedMessage,
-    to: tuple[str, ...],
-    cc: tuple[str, ...],
-) -> tuple[SendIntent, OutgoingMessage]:
-    """The status reply in the original thread, answering its latest message from them."""
-    answered = task.answered_message((*to, *cc))
-    parent, references = answered.reply_headers() if answered is not None else (None, ())
-    return outgoing(
-        key=key,
-        kind=SendKind.INTERNAL_REPLY,
-        workspace_id=task.workspace_id,
-        task_id=task_id,
-        mailbox_id=task.mailbox_id,
-        to=to,
-        cc=cc,
-        subject=rendered.subject,
-        text=rendered.text,
-        html=rendered.html,
-        thread_id=task.provider_thread_id,
-        in_reply_to=parent,
-        references=references,
-    )
 
 
 def release(board: TaskBoard, task_id: str, target: TaskState, evidence: str, clock: Clock) -> Task:

@@ -23,8 +23,9 @@ from agent.domain.handover import check_handover
 from agent.domain.headers import msg_id
 from agent.domain.mail import Handover, OutgoingMessage, SendResult
 from agent.domain.records import SendIntent, SendRecord, SendState, TaskAmendment
-from agent.domain.task import MessageRef
+from agent.domain.task import MessageRef, Task
 from agent.ports import Clock, MailProvider, SendLedger, Tasks
+from agent.rendering.render import RenderedMessage
 from agent.services.holder import current_holder, holder_alive
 
 
@@ -210,4 +211,32 @@ def sent_ref(outcome: SendOutcome, direction: str, sender: str, at: datetime) ->
         direction=direction,
         received_at=at,
         sender=sender,
+    )
+
+
+def reply_in_thread(
+    task: Task,
+    key: str,
+    rendered: RenderedMessage,
+    to: tuple[str, ...],
+    cc: tuple[str, ...],
+    kind: str,
+) -> tuple[SendIntent, OutgoingMessage]:
+    """A reply in the task's thread, answering its latest message from the recipients."""
+    answered = task.answered_message((*to, *cc))
+    parent, references = answered.reply_headers() if answered is not None else (None, ())
+    return outgoing(
+        key=key,
+        kind=kind,
+        workspace_id=task.workspace_id,
+        task_id=task.task_id,
+        mailbox_id=task.mailbox_id,
+        to=to,
+        cc=cc,
+        subject=rendered.subject,
+        text=rendered.text,
+        html=rendered.html,
+        thread_id=task.provider_thread_id,
+        in_reply_to=parent,
+        references=references,
     )

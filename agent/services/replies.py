@@ -19,13 +19,11 @@ from agent.domain.automation import SendKind
 from agent.domain.dispositions import GateKind
 from agent.domain.errors import GateRefused, RegistryError, UnknownSend
 from agent.domain.gates import GateResult
-from agent.domain.mail import OutgoingMessage
 from agent.domain.recipients import Communication
 from agent.domain.records import SendIntent, SendRecord, SendState, TaskAmendment
 from agent.domain.states import TaskState
 from agent.domain.task import CommunicationState, NextAction, Task
 from agent.ports import Clock, Drafts, MailProvider, SendLedger, Tasks
-from agent.rendering.render import RenderedMessage
 from agent.rendering.verify import Check, ReadBackReport, verify_read_back
 from agent.services.drafts import DraftStore, facts, load_draft
 from agent.services.gate_check import check_send, load_task
@@ -33,7 +31,7 @@ from agent.services.outbound import (
     OutboundStore,
     SendOutcome,
     SendStatus,
-    outgoing,
+    reply_in_thread,
     send_once,
     sent_ref,
 )
@@ -106,34 +104,6 @@ def _draft_of(key: str) -> str:
     return parts[1]
 
 
-def _message(
-    task: Task,
-    key: str,
-    rendered: RenderedMessage,
-    to: tuple[str, ...],
-    cc: tuple[str, ...],
-    kind: SendKind,
-) -> tuple[SendIntent, OutgoingMessage]:
-    """The reply, answering the thread's latest message from its recipients."""
-    answered = task.answered_message((*to, *cc))
-    parent, references = answered.reply_headers() if answered is not None else (None, ())
-    return outgoing(
-        key=key,
-        kind=kind,
-        workspace_id=task.workspace_id,
-        task_id=task.task_id,
-        mailbox_id=task.mailbox_id,
-        to=to,
-        cc=cc,
-        subject=rendered.subject,
-        text=rendered.text,
-        html=rendered.html,
-        thread_id=task.provider_thread_id,
-        in_reply_to=parent,
-        references=references,
-    )
-
-
 async def send_reply(
     store: ReplyStore,
     provider: MailProvider,
@@ -155,7 +125,7 @@ async def send_reply(
     if client and task.state is TaskState.DRAFT_READY:
         task = _approve_on_standing_basis(store, task_id, draft_id, gate, clock)
     kind = SendKind.CLIENT_REPLY if client else SendKind.INTERNAL_REPLY
-    intent, message = _message(task, key, rendered, to_addrs, cc_addrs, kind)
+    intent, message = reply_in_thread(task, key, rendered, to_addrs, cc_addrs, kind)
     outcome = await send_once(store, provider, intent, message, clock)
     if outcome.status is SendStatus.IN_PROGRESS:
         raise GateRefused(f"send {key} is being made by another worker; read it back later")
@@ -291,7 +261,7 @@ async def read_back(
         )
         return ReadBack(send=record, report=report, stored_provider_message_id=None)
     kind = SendKind(record.kind)
-    _, sent = _message(task, record.key, rendered, to, cc, kind)
+    _, sent = reply_in_thread(task, record.key, rendered, to, cc, kind)
     copy = await provider.read_back(record.internet_message_id)
     if copy is None:
         report = ReadBackReport(
