@@ -23,7 +23,7 @@ from agent.ports import Clock, MailProvider
 from agent.rendering.render import render_message, reply_subject
 from agent.services.approvals import reply_text
 from agent.services.classify import Triage
-from agent.services.outbound import OutboundStore, SendStatus, outgoing, send_once
+from agent.services.outbound import OutboundStore, SendStatus, outgoing, send_automated
 
 
 def _routine(envelope: Envelope, verdict: Triage) -> bool:
@@ -92,14 +92,7 @@ async def acknowledge(
         return replace(verdict, detail=_join(verdict.detail, f"no acknowledgement: {plan.reason}"))
     intent, message = ack_message(context, envelope, task.task_id, plan)
     try:
-        outcome = await send_once(
-            store,
-            provider,
-            intent,
-            message,
-            clock,
-            cap=context.automation.max_per_recipient_per_day,
-        )
+        outcome = await send_automated(store, provider, intent, message, clock, context)
     except (ProviderError, HandoverRefused) as exc:
         return replace(verdict, detail=_join(verdict.detail, f"acknowledgement failed: {exc}"))
     if outcome.status is SendStatus.REFUSED:

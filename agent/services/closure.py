@@ -21,15 +21,9 @@ from agent.domain.states import TaskState
 from agent.domain.task import CommunicationState, Task
 from agent.ports import Clock, MailProvider, TaskBoard
 from agent.rendering.render import RenderedMessage, render_message, reply_subject
+from agent.services import outbound
 from agent.services.gate_check import GateReads, check_send, load_task
-from agent.services.outbound import (
-    OutboundStore,
-    SendOutcome,
-    SendStatus,
-    reply_in_thread,
-    send_once,
-    sent_ref,
-)
+from agent.services.outbound import OutboundStore, SendOutcome, SendStatus
 from agent.services.workspaces import load_context
 
 
@@ -67,8 +61,8 @@ async def reply_to_requester(
         raise GateRefused(f"the status reply to {task.requester} cannot go: {gate.summary()}")
     to, cc = gate.plan.addresses()
     key = f"status|{task_id}|{hashlib.sha256((complete + '|' + remaining).encode()).hexdigest()}"
-    intent, message = reply_in_thread(task, key, rendered, to, cc, SendKind.INTERNAL_REPLY)
-    outcome = await send_once(store, provider, intent, message, clock)
+    intent, message = outbound.reply_in_thread(task, key, rendered, to, cc, SendKind.INTERNAL_REPLY)
+    outcome = await outbound.send_once(store, provider, intent, message, clock)
     if outcome.status is SendStatus.IN_PROGRESS:
         raise GateRefused(f"the status reply {key} is being sent by another worker")
     store.amend_task(
@@ -78,7 +72,7 @@ async def reply_to_requester(
             requester_loop_closed=True,
             communication_state=CommunicationState.INTERNAL_UPDATE_SENT,
             remaining_work=remaining,
-            sent_message=sent_ref(outcome, "internal_reply", task.mailbox_id, clock.now()),
+            sent_message=outbound.sent_ref(outcome, "internal_reply", task.mailbox_id, clock.now()),
         ),
         clock.now(),
     )

@@ -17,6 +17,7 @@ from enum import StrEnum
 from typing import Protocol
 
 from agent import crashpoints
+from agent.domain.context import WorkspaceContext
 from agent.domain.envelope import Address
 from agent.domain.errors import HandoverRefused
 from agent.domain.handover import check_handover
@@ -96,6 +97,21 @@ async def send_once(
         return await _send(store, provider, intent, handover, record, clock)
     finally:
         _SENDING.discard(record.key)
+
+
+async def send_automated(
+    store: OutboundStore,
+    provider: MailProvider,
+    intent: SendIntent,
+    message: OutgoingMessage,
+    clock: Clock,
+    context: WorkspaceContext,
+) -> SendOutcome:
+    """``send_once`` for a message no person asked for (an acknowledgement, a reminder):
+    capped per recipient per day as the workspace's automation settings say."""
+    return await send_once(
+        store, provider, intent, message, clock, cap=context.automation.max_per_recipient_per_day
+    )
 
 
 async def checked_handover(

@@ -16,7 +16,7 @@ from agent.domain.context import WorkspaceContext
 from agent.domain.errors import HandoverRefused, ProviderError
 from agent.domain.records import TaskAmendment
 from agent.ports import Clock, Health, MailProvider, TaskBoard
-from agent.services.outbound import OutboundStore, SendStatus, outgoing, send_once, sent_ref
+from agent.services.outbound import OutboundStore, SendStatus, outgoing, send_automated, sent_ref
 
 
 class ReminderStore(TaskBoard, Health, OutboundStore, Protocol):
@@ -70,14 +70,7 @@ async def _send(
         automated=True,
     )
     try:
-        outcome = await send_once(
-            store,
-            provider,
-            intent,
-            message,
-            clock,
-            cap=context.automation.max_per_recipient_per_day,
-        )
+        outcome = await send_automated(store, provider, intent, message, clock, context)
     except ProviderError as exc:
         store.record_health(f"reminder {task.task_id}", f"send failed: {exc}", clock.now())
         return f"send failed ({exc}); retried next run"

@@ -25,9 +25,8 @@ from agent.domain.context import MailboxBinding
 from agent.domain.errors import OutloopError, RegistryError
 from agent.providers.maildir import MaildirProvider
 from agent.services import intake, workspaces
-from agent.services.clock import SystemClock
-from mcp_server.cli.shared import data_dir_option, fail, read_settings
-from mcp_server.composition import Settings, Station, open_station
+from mcp_server.cli.shared import data_dir_option, fail, read_settings, run_cycle
+from mcp_server.composition import Settings, open_station
 
 WORKSPACE_ID = "ws-demo-0001"
 MAILBOX = "support@outloop-demo.test"
@@ -79,10 +78,8 @@ def _message(
     msg["Subject"] = subject
     msg["Date"] = format_datetime(sent)
     msg["Message-ID"] = msgid or make_msgid(domain="mail.example.test")
-    if in_reply_to:
-        msg["In-Reply-To"] = in_reply_to
-        msg["References"] = in_reply_to
-    for name, value in (headers or {}).items():
+    threading = {"In-Reply-To": in_reply_to, "References": in_reply_to} if in_reply_to else {}
+    for name, value in {**threading, **(headers or {})}.items():
         msg[name] = value
     msg.set_content(body)
     return msg
@@ -226,11 +223,11 @@ def run(settings: Settings, echo: Callable[[str], None]) -> None:
             echo(f"  [{p.done}/{p.total}] {subject[:40]} -> {p.outcome.disposition}")
 
         echo("\n== first cycle ==")
-        result = anyio.run(_cycle, station, progress)
+        result = anyio.run(run_cycle, station, WORKSPACE_ID, progress)
         _show_run(result, subjects, echo)
 
         echo("\n== replay of the same mailbox ==")
-        replay = anyio.run(_cycle, station, None)
+        replay = anyio.run(run_cycle, station, WORKSPACE_ID, None)
         kinds = sorted({i.disposition.value for i in replay.items})
         echo(
             f"{len(replay.items)} items, outcomes: {', '.join(kinds)} "
@@ -247,16 +244,3 @@ def run(settings: Settings, echo: Callable[[str], None]) -> None:
         echo(f"\nqueue (non-terminal tasks, oldest first): {len(queue)}")
     finally:
         station.close()
-
-
-async def _cycle(
-    station: Station, progress: Callable[[intake.Progress], None] | None
-) -> intake.RunResult:
-    return await intake.run_cycle(
-        store=station.store,
-        data_dir=station.data_dir,
-        workspace_id=WORKSPACE_ID,
-        provider_for=station.provider_for,
-        clock=SystemClock(),
-        on_progress=progress,
-    )

@@ -14,9 +14,8 @@ import click
 
 from agent.domain.errors import OutloopError
 from agent.services import intake
-from agent.services.clock import SystemClock
-from mcp_server.cli.shared import data_dir_option, fail, open_station, read_settings
-from mcp_server.composition import Settings, Station
+from mcp_server.cli.shared import data_dir_option, fail, open_station, read_settings, run_cycle
+from mcp_server.composition import Settings
 
 
 def _print_progress(progress: intake.Progress) -> None:
@@ -27,20 +26,9 @@ def _print_progress(progress: intake.Progress) -> None:
 def _run_once(settings: Settings, workspace_id: str, quiet: bool) -> intake.RunResult:
     station = open_station(settings)
     try:
-        return anyio.run(_cycle, station, workspace_id, quiet)
+        return anyio.run(run_cycle, station, workspace_id, None if quiet else _print_progress)
     finally:
         station.close()
-
-
-async def _cycle(station: Station, workspace_id: str, quiet: bool) -> intake.RunResult:
-    return await intake.run_cycle(
-        store=station.store,
-        data_dir=station.data_dir,
-        workspace_id=workspace_id,
-        provider_for=station.provider_for,
-        clock=SystemClock(),
-        on_progress=None if quiet else _print_progress,
-    )
 
 
 def _summary(result: intake.RunResult) -> dict[str, Any]:

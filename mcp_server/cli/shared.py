@@ -12,6 +12,8 @@ import click
 
 from agent import crashpoints
 from agent.domain.errors import OutloopError, UnknownWorkspace, WorkspaceExists
+from agent.services import intake
+from agent.services.clock import SystemClock
 from mcp_server import composition
 from mcp_server.composition import DATA_DIR_ENV, Settings, Station
 
@@ -81,4 +83,18 @@ def number_option(flag: str, kind: click.ParamType[Any], default: float, help_te
 def choice_option(flag: str, choices: Sequence[str], default: str, help_text: str) -> Any:
     return click.option(
         flag, type=click.Choice(choices), default=default, show_default=True, help=help_text
+    )
+
+
+async def run_cycle(
+    station: Station, workspace_id: str, progress: Callable[[intake.Progress], None] | None
+) -> intake.RunResult:
+    """One intake cycle of the workspace on this station, now."""
+    return await intake.run_cycle(
+        store=station.store,
+        data_dir=station.data_dir,
+        workspace_id=workspace_id,
+        provider_for=station.provider_for,
+        clock=SystemClock(),
+        on_progress=progress,
     )

@@ -3,18 +3,24 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 import click
 
-from agent.domain.records import LearningProposal
+from agent.domain.records import LearningProposal, WorkspaceRow
 from agent.domain.task import Task
 from agent.domain.untrusted import flag
+from agent.ports import Registry
 from agent.services import workspaces
 from agent.services.clock import SystemClock
+from agent.services.workspaces import DataDir
 from mcp_server.cli.shared import data_dir_option, station_for
 from mcp_server.composition import Station
+
+ContextChange = Callable[[Registry, DataDir, Path, datetime], WorkspaceRow]
 
 
 @click.group()
@@ -32,15 +38,18 @@ def context_file_option(help_text: str) -> Any:
     )
 
 
+def _from_file(change: ContextChange, context_file: Path, data_dir: Path | None) -> WorkspaceRow:
+    """Register or update a workspace from its context file, on this command's station."""
+    with station_for(data_dir) as station:
+        return change(station.store, station.data_dir, context_file, SystemClock().now())
+
+
 @workspace.command("add")
 @context_file_option("The Workspace Context YAML file (see docs/workspace-context.md).")
 @data_dir_option
 def workspace_add(context_file: Path, data_dir: Path | None) -> None:
     """Register one workspace from its context file. A duplicate id is refused."""
-    with station_for(data_dir) as station:
-        row = workspaces.add_workspace(
-            station.store, station.data_dir, context_file, SystemClock().now()
-        )
+    row = _from_file(workspaces.add_workspace, context_file, data_dir)
     click.echo(f"registered workspace {row.workspace_id} ({row.label or 'no label'})")
 
 
@@ -49,10 +58,7 @@ def workspace_add(context_file: Path, data_dir: Path | None) -> None:
 @data_dir_option
 def workspace_update(context_file: Path, data_dir: Path | None) -> None:
     """Replace a registered workspace's context (re-read on every run)."""
-    with station_for(data_dir) as station:
-        row = workspaces.update_workspace(
-            station.store, station.data_dir, context_file, SystemClock().now()
-        )
+    row = _from_file(workspaces.update_workspace, context_file, data_dir)
     click.echo(f"updated workspace {row.workspace_id}")
 
 

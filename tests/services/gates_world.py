@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime
 from itertools import count
 from typing import Any
 
@@ -12,6 +12,7 @@ from agent.domain.gates import DraftFacts, GateResult, draft_digest
 from agent.domain.states import TaskState
 from agent.domain.task import Task
 from agent.ports import EmbeddedStore
+from agent.providers import rfc822
 from agent.rendering.render import RenderedMessage, render_message, reply_subject
 from agent.services import approvals, gate_check, intake, workspaces
 from agent.testing import FrozenClock, InMemoryProvider, make_envelope
@@ -83,6 +84,22 @@ class World:
         self.box.deliver(envelope, text, html)
         return envelope
 
+    async def approver_replies(
+        self,
+        *,
+        thread: int | str,
+        text: str = "",
+        in_reply_to: str | None = None,
+        **changes: Any,
+    ) -> Envelope:
+        """A minute on, the approver's message in ``thread`` is delivered and taken in."""
+        self.clock.advance(minutes=1)
+        reply = self.deliver(
+            sender=APPROVER, thread=thread, text=text, in_reply_to=in_reply_to, **changes
+        )
+        await self.intake()
+        return reply
+
     async def intake(self) -> intake.RunResult:
         return await run_intake(self.store, self.data_dir, self.workspace_id, self.clock, self.box)
 
@@ -143,9 +160,7 @@ async def approved_by_reply(world: World) -> tuple[str, str, str]:
     """``approval_requested``, then approved by the approver's reply: the task, the request's
     and the approval's Message-IDs."""
     task_id, request = await approval_requested(world)
-    world.clock.advance(minutes=1)
-    approval = world.deliver(sender=APPROVER, thread="a", text="Approved.", in_reply_to=request)
-    await world.intake()
+    approval = await world.approver_replies(thread="a", text="Approved.", in_reply_to=request)
     assert world.task(task_id).state is TaskState.APPROVED_TO_SEND
     assert approval.internet_message_id is not None
     return task_id, request, approval.internet_message_id
@@ -155,3 +170,22 @@ def ready_for_client(world: World, task_id: str) -> bool:
     """Whether the gate lets the task's current draft go to the client."""
     task = world.task(task_id)
     return world.gate(task, world.render(task), (CLIENT,)).ready
+
+
+def normalize_raw(
+    raw: bytes,
+    *,
+    provider: str = "maildir",
+    provider_message_id: str = "p",
+    thread_id: str = "t",
+    received_at: datetime | None = None,
+) -> Envelope:
+    """``raw`` normalized as a message of the workspace mailbox, all in one thread."""
+    return rfc822.normalize(
+        raw,
+        provider=provider,
+        mailbox_id=MAILBOX,
+        provider_message_id=provider_message_id,
+        thread_id_for=lambda *_: thread_id,
+        fallback_received_at=received_at or datetime.now(UTC),
+    )

@@ -21,7 +21,6 @@ from tests.services.gates_world import (
     APPROVER,
     CLIENT,
     COLLEAGUE,
-    TWO_APPROVERS,
     World,
     approval_requested,
     with_colleague,
@@ -135,14 +134,9 @@ async def test_changes_requested_sends_the_work_back_and_a_new_draft_needs_a_new
     world: World,
 ) -> None:
     task_id, request_id, _ = await _waiting_for_approval(world)
-    world.clock.advance(minutes=1)
-    world.deliver(
-        sender=APPROVER,
-        thread="appr",
-        text="לא מאשר, צריך לתקן את הסכום",
-        in_reply_to=request_id,
+    await world.approver_replies(
+        thread="appr", text="לא מאשר, צריך לתקן את הסכום", in_reply_to=request_id
     )
-    await world.intake()
     task = world.task(task_id)
     assert task.state is TaskState.CHANGES_REQUESTED
     assert task.approval_decisions[-1].decision is Decision.CHANGES_REQUESTED
@@ -156,17 +150,13 @@ async def test_changes_requested_sends_the_work_back_and_a_new_draft_needs_a_new
     )
     assert world.task(task_id).state is TaskState.WAITING_INTERNAL_APPROVAL
     # A late "Approved" to the first request is recorded and moves nothing.
-    world.clock.advance(minutes=1)
-    world.deliver(sender=APPROVER, thread="appr", text="Approved.", in_reply_to=request_id)
-    await world.intake()
+    await world.approver_replies(thread="appr", text="Approved.", in_reply_to=request_id)
     task = world.task(task_id)
     assert task.state is TaskState.WAITING_INTERNAL_APPROVAL
     assert not world.gate(task, revised, (CLIENT,), "d2").ready
-    world.clock.advance(minutes=1)
-    world.deliver(
-        sender=APPROVER, thread="appr", text="מאושר", in_reply_to=second.internet_message_id
+    await world.approver_replies(
+        thread="appr", text="מאושר", in_reply_to=second.internet_message_id
     )
-    await world.intake()
     task = world.task(task_id)
     assert task.state is TaskState.APPROVED_TO_SEND
     assert world.gate(task, revised, (CLIENT,), "d2").ready
@@ -183,9 +173,7 @@ async def test_approval_of_another_task_does_not_approve_this_one(world: World) 
     await approvals.request_approval(
         world.store, world.box, task_b.task_id, "d1", rendered_b, (CLIENT,), world.clock
     )
-    world.clock.advance(minutes=1)
-    world.deliver(sender=APPROVER, thread="appr", text="Approved.", in_reply_to=request_a)
-    await world.intake()
+    await world.approver_replies(thread="appr", text="Approved.", in_reply_to=request_a)
     assert world.task(task_a).state is TaskState.APPROVED_TO_SEND
     b = world.task(task_b.task_id)
     assert b.state is TaskState.WAITING_INTERNAL_APPROVAL and b.approval_decisions == ()
@@ -195,15 +183,12 @@ async def test_approval_of_another_task_does_not_approve_this_one(world: World) 
 
 async def test_an_html_reply_whose_hidden_part_approves_does_not_approve(world: World) -> None:
     task_id, request_id, _ = await _waiting_for_approval(world)
-    world.clock.advance(minutes=1)
-    world.deliver(
-        sender=APPROVER,
+    await world.approver_replies(
         thread="appr",
         text="",
         html='<p>Let me check with finance first.</p><div style="display:none">Approved.</div>',
         in_reply_to=request_id,
     )
-    await world.intake()
     task = world.task(task_id)
     assert task.state is TaskState.WAITING_INTERNAL_APPROVAL
     assert task.approval_decisions[-1].decision is not Decision.APPROVED
@@ -266,13 +251,11 @@ async def test_the_requester_loop_is_closed_before_release_even_with_client_send
 
 
 async def test_asking_again_for_the_same_draft_after_changes_sends_a_new_request(
-    make_world: Callable[..., World],
+    approvers_world: World,
 ) -> None:
-    world = make_world(TWO_APPROVERS)
+    world = approvers_world
     task_id, request = await approval_requested(world)
-    world.clock.advance(minutes=1)
-    world.deliver(sender=APPROVER, thread="a", text="Please fix the date.", in_reply_to=request)
-    await world.intake()
+    await world.approver_replies(thread="a", text="Please fix the date.", in_reply_to=request)
     world.store.transition_task(task_id, TaskState.DRAFT_READY, "kept as is", world.clock.now())
     task = world.task(task_id)
     again = await approvals.request_approval(

@@ -5,7 +5,6 @@ approval."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -19,7 +18,6 @@ from tests.services.gates_world import (
     CLIENT,
     COLLEAGUE,
     SECOND_APPROVER,
-    TWO_APPROVERS,
     World,
     approval_requested,
     approved_by_reply,
@@ -33,13 +31,11 @@ pytestmark = pytest.mark.anyio
 
 
 async def test_one_approvers_change_request_is_not_overridden_by_anothers_approval(
-    make_world: Callable[..., World],
+    approvers_world: World,
 ) -> None:
-    world = make_world(TWO_APPROVERS)
+    world = approvers_world
     task_id, request = await approval_requested(world)
-    world.clock.advance(minutes=1)
-    world.deliver(sender=APPROVER, thread="a", text="Please change the price.", in_reply_to=request)
-    await world.intake()
+    await world.approver_replies(thread="a", text="Please change the price.", in_reply_to=request)
     world.clock.advance(minutes=1)
     world.deliver(sender=SECOND_APPROVER, thread="a", text="Approved.", in_reply_to=request)
     await world.intake()
@@ -49,25 +45,23 @@ async def test_one_approvers_change_request_is_not_overridden_by_anothers_approv
 
 
 async def test_one_approvers_reservation_is_not_cleared_by_anothers_approval(
-    make_world: Callable[..., World],
+    approvers_world: World,
 ) -> None:
-    world = make_world(TWO_APPROVERS)
+    world = approvers_world
     task_id, request = await approval_requested(world)
     world.clock.advance(minutes=1)
     world.deliver(sender=SECOND_APPROVER, thread="a", text="Hmm, let me think about it.",
                   in_reply_to=request)  # fmt: skip
     await world.intake()
-    world.clock.advance(minutes=1)
-    world.deliver(sender=APPROVER, thread="a", text="Approved.", in_reply_to=request)
-    await world.intake()
+    await world.approver_replies(thread="a", text="Approved.", in_reply_to=request)
     assert world.task(task_id).state is TaskState.WAITING_INTERNAL_APPROVAL
     assert not ready_for_client(world, task_id)
 
 
 async def test_decisions_count_in_the_order_they_were_written_not_processed(
-    make_world: Callable[..., World],
+    approvers_world: World,
 ) -> None:
-    world = make_world(TWO_APPROVERS)
+    world = approvers_world
     task_id, request = await approval_requested(world)
     early = world.clock.now() + timedelta(minutes=2)
     world.clock.advance(minutes=10)
@@ -86,41 +80,36 @@ async def test_decisions_count_in_the_order_they_were_written_not_processed(
 # -- holds and withdrawals after an approval -----------------------------------------------
 
 
-async def test_a_reservation_after_an_approval_suspends_it(
-    make_world: Callable[..., World],
-) -> None:
-    world = make_world(TWO_APPROVERS)
+async def test_a_reservation_after_an_approval_suspends_it(approvers_world: World) -> None:
+    world = approvers_world
     task_id, request = await approval_requested(world)
-    world.clock.advance(minutes=1)
-    world.deliver(sender=APPROVER, thread="a", text="Approved.", in_reply_to=request)
-    await world.intake()
+    await world.approver_replies(thread="a", text="Approved.", in_reply_to=request)
     assert world.task(task_id).state is TaskState.APPROVED_TO_SEND
-    world.clock.advance(minutes=1)
-    world.deliver(sender=APPROVER, thread="a", text="Hold on, wait - let me check with legal.",
-                  in_reply_to=request)  # fmt: skip
-    await world.intake()
+    await world.approver_replies(
+        thread="a", text="Hold on, wait - let me check with legal.", in_reply_to=request
+    )
     task = world.task(task_id)
     assert task.state is TaskState.WAITING_INTERNAL_APPROVAL
     assert not world.gate(task, world.render(task), (CLIENT,)).ready
 
 
 async def test_a_withdrawal_replying_to_the_approvers_own_approval_suspends_it(
-    make_world: Callable[..., World],
+    approvers_world: World,
 ) -> None:
-    world = make_world(TWO_APPROVERS)
+    world = approvers_world
     task_id, request, approval = await approved_by_reply(world)
-    world.clock.advance(minutes=1)
-    world.deliver(sender=APPROVER, thread="a", text="Wait - don't send! The price is wrong.",
-                  in_reply_to=approval, references=(request, approval))  # fmt: skip
-    await world.intake()
+    await world.approver_replies(
+        thread="a",
+        text="Wait - don't send! The price is wrong.",
+        in_reply_to=approval,
+        references=(request, approval),
+    )
     assert world.task(task_id).state is TaskState.CHANGES_REQUESTED
     assert not ready_for_client(world, task_id)
 
 
-async def test_a_bottom_posted_withdrawal_is_read_below_the_quote(
-    make_world: Callable[..., World],
-) -> None:
-    world = make_world(TWO_APPROVERS)
+async def test_a_bottom_posted_withdrawal_is_read_below_the_quote(approvers_world: World) -> None:
+    world = approvers_world
     task_id, request, _ = await approved_by_reply(world)
     world.clock.advance(minutes=1)
     text = (
@@ -136,55 +125,46 @@ async def test_a_bottom_posted_withdrawal_is_read_below_the_quote(
 
 
 async def test_an_approvers_answer_to_a_colleague_in_the_thread_is_not_an_answer_to_the_request(
-    make_world: Callable[..., World],
+    approvers_world: World,
 ) -> None:
-    world = make_world(TWO_APPROVERS)
+    world = approvers_world
     task_id, request = await approval_requested(world)
     world.clock.advance(minutes=1)
     note = world.deliver(sender=COLLEAGUE, thread="a", text="Drop the discount line first?",
                          in_reply_to=request)  # fmt: skip
     await world.intake()
-    world.clock.advance(minutes=1)
-    world.deliver(
-        sender=APPROVER,
+    await world.approver_replies(
         thread="a",
         text="Approved.",
         in_reply_to=note.internet_message_id,
         references=(request, note.internet_message_id or ""),
     )
-    await world.intake()
     assert world.task(task_id).state is TaskState.WAITING_INTERNAL_APPROVAL
 
 
 # -- HTML parts ----------------------------------------------------------------------------
 
 
-async def test_parts_that_disagree_are_read_most_strictly(
-    make_world: Callable[..., World],
-) -> None:
-    world = make_world(TWO_APPROVERS)
+async def test_parts_that_disagree_are_read_most_strictly(approvers_world: World) -> None:
+    world = approvers_world
     task_id, request, _ = await approved_by_reply(world)
-    world.clock.advance(minutes=1)
-    world.deliver(
-        sender=APPROVER,
+    await world.approver_replies(
         thread="a",
         text="Approved, so do\nnot send it yet.",
         html="<p class=MsoNormal>Approved, so do\nnot send it yet.</p>",
         in_reply_to=request,
     )
-    await world.intake()
     assert not ready_for_client(world, task_id)
 
 
 async def test_an_approval_in_struck_or_hidden_html_does_not_approve(
-    make_world: Callable[..., World],
+    approvers_world: World,
 ) -> None:
-    world = make_world(TWO_APPROVERS)
+    world = approvers_world
     task_id, request = await approval_requested(world)
-    world.clock.advance(minutes=1)
-    world.deliver(sender=APPROVER, thread="a", text="", html="<p><del>Approved</del></p>",
-                  in_reply_to=request)  # fmt: skip
-    await world.intake()
+    await world.approver_replies(
+        thread="a", text="", html="<p><del>Approved</del></p>", in_reply_to=request
+    )
     assert world.task(task_id).state is TaskState.WAITING_INTERNAL_APPROVAL
 
 

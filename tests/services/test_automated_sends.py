@@ -42,6 +42,32 @@ def _reminders(box: InMemoryProvider) -> list[OutgoingMessage]:
     return [m for m in box.sent if m.subject.startswith("Reminder:")]
 
 
+def _reminder_intent(world: World, name: str, **changes: Any) -> SendIntent:
+    """A manual reminder intent to the approver, keyed and identified by ``name``."""
+    return SendIntent(
+        key=f"reminder|{name}",
+        workspace_id=world.workspace_id,
+        kind="reminder",
+        task_id=None,
+        internet_message_id=f"<{name}@fabrikam.test>",
+        recipients=(APPROVER,),
+        automated=False,
+        **changes,
+    )
+
+
+def _reminder_to_approver(name: str) -> OutgoingMessage:
+    """The message of ``_reminder_intent(world, name)``."""
+    return OutgoingMessage(
+        provider_thread_id="",
+        sender=Address(address=MAILBOX),
+        to=(Address(address=APPROVER),),
+        subject="Reminder",
+        text="x",
+        internet_message_id=f"<{name}@fabrikam.test>",
+    )
+
+
 async def _waiting_since(world: World, moment: datetime) -> str:
     world.deliver(sender=CLIENT, thread=1, text="Please send the contract")
     await world.intake()
@@ -260,25 +286,9 @@ async def test_recovering_a_stale_intent_sends_once_however_many_workers_try(
     make_world: Callable[..., World],
 ) -> None:
     world = make_world(context_yaml())
-    intent = SendIntent(
-        key="reminder|stale",
-        workspace_id=world.workspace_id,
-        kind="reminder",
-        task_id=None,
-        internet_message_id="<stale@fabrikam.test>",
-        recipients=(APPROVER,),
-        automated=False,
-        holder="another-host:1:1",
-    )
+    intent = _reminder_intent(world, "stale", holder="another-host:1:1")
     world.store.begin_send(intent, world.clock.now() - timedelta(minutes=11))
-    message = OutgoingMessage(
-        provider_thread_id="",
-        sender=Address(address=MAILBOX),
-        to=(Address(address=APPROVER),),
-        subject="Reminder",
-        text="x",
-        internet_message_id="<stale@fabrikam.test>",
-    )
+    message = _reminder_to_approver("stale")
     outcomes: list[outbound.SendStatus] = []
 
     async def worker(n: int) -> None:
@@ -304,23 +314,8 @@ async def test_two_coroutines_of_one_worker_never_send_one_intent_twice(
 ) -> None:
     world = make_world(context_yaml())
     world.box = SlowReadBack(MAILBOX)
-    intent = SendIntent(
-        key="reminder|mine",
-        workspace_id=world.workspace_id,
-        kind="reminder",
-        task_id=None,
-        internet_message_id="<mine@fabrikam.test>",
-        recipients=(APPROVER,),
-        automated=False,
-    )
-    message = OutgoingMessage(
-        provider_thread_id="",
-        sender=Address(address=MAILBOX),
-        to=(Address(address=APPROVER),),
-        subject="Reminder",
-        text="x",
-        internet_message_id="<mine@fabrikam.test>",
-    )
+    intent = _reminder_intent(world, "mine")
+    message = _reminder_to_approver("mine")
     mine = intent.model_copy(update={"holder": outbound.current_holder()})
     world.store.begin_send(mine, world.clock.now() - timedelta(minutes=1))  # an earlier attempt
 

@@ -11,6 +11,7 @@ import email.utils
 import re
 from collections.abc import Callable
 from datetime import UTC, datetime
+from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, example, given, settings
@@ -23,13 +24,14 @@ from agent.domain.errors import HandoverRefused
 from agent.domain.handover import check_handover
 from agent.domain.headers import references_for
 from agent.domain.mail import Handover, OutgoingMessage
+from agent.domain.records import SendIntent
 from agent.domain.untrusted import flag
-from agent.providers import mime, rfc822
+from agent.providers import mime
 from agent.rendering.render import reply_subject
 from agent.services import acks, outbound
 from agent.testing import InMemoryProvider
 from tests.conftest import context_yaml
-from tests.services.gates_world import CLIENT, MAILBOX, World
+from tests.services.gates_world import CLIENT, MAILBOX, World, normalize_raw
 
 pytestmark = pytest.mark.anyio
 
@@ -189,35 +191,40 @@ def _context() -> WorkspaceContext:
 CONTEXT = _context()
 
 
-def _every_kind(envelope_raw: bytes) -> list[OutgoingMessage]:
-    """What the core sends that copies from this message: an acknowledgement, an approval
-    request titled by its subject, a reply in its thread."""
-    envelope = rfc822.normalize(
-        envelope_raw,
-        provider="memory",
-        mailbox_id=MAILBOX,
-        provider_message_id="pm-1",
-        thread_id_for=lambda *_: "thread-1",
-        fallback_received_at=datetime(2026, 12, 1, tzinfo=UTC),
-    )
-    plan = AckPlan(key="ack|1", to=CLIENT, text="We got it.", language="en")
-    _, ack = acks.ack_message(CONTEXT, envelope, "task-1", plan)
-    _, request = outbound.outgoing(
-        key="approval|1",
-        kind="approval_request",
+def _task_message(key: str, kind: str, **fields: Any) -> tuple[SendIntent, OutgoingMessage]:
+    """``outbound.outgoing`` for task-1 of the test workspace, from its mailbox."""
+    return outbound.outgoing(
+        key=key,
+        kind=kind,
         workspace_id=CONTEXT.workspace_id,
         task_id="task-1",
         mailbox_id=MAILBOX,
+        **fields,
+    )
+
+
+def _every_kind(envelope_raw: bytes) -> list[OutgoingMessage]:
+    """What the core sends that copies from this message: an acknowledgement, an approval
+    request titled by its subject, a reply in its thread."""
+    envelope = normalize_raw(
+        envelope_raw,
+        provider="memory",
+        provider_message_id="pm-1",
+        thread_id="thread-1",
+        received_at=datetime(2026, 12, 1, tzinfo=UTC),
+    )
+    plan = AckPlan(key="ack|1", to=CLIENT, text="We got it.", language="en")
+    _, ack = acks.ack_message(CONTEXT, envelope, "task-1", plan)
+    _, request = _task_message(
+        "approval|1",
+        "approval_request",
         to=("noa.bar@fabrikam.test",),
         subject=f"Approval needed: {flag(envelope.subject).shown}",
         text="draft",
     )
-    _, reply = outbound.outgoing(
-        key="reply|1",
-        kind="client_reply",
-        workspace_id=CONTEXT.workspace_id,
-        task_id="task-1",
-        mailbox_id=MAILBOX,
+    _, reply = _task_message(
+        "reply|1",
+        "client_reply",
         to=(CLIENT,),
         subject=reply_subject(envelope.subject),
         text="answer",

@@ -5,15 +5,13 @@ normalizes."""
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
 
 from agent.domain.envelope import Address, Envelope
 from agent.domain.mail import OutgoingMessage
-from agent.providers import rfc822
-from tests.services.gates_world import CLIENT, MAILBOX
+from tests.services.gates_world import CLIENT, MAILBOX, normalize_raw
 
 pytestmark = pytest.mark.anyio
 
@@ -28,14 +26,7 @@ pytestmark = pytest.mark.anyio
 )
 def test_an_ambiguous_from_header_gives_no_sender_at_all(sender: str) -> None:
     raw = f"From: {sender}\r\nTo: {MAILBOX}\r\nSubject: x\r\nMessage-ID: <a@b>\r\n\r\nx\r\n"
-    envelope: Envelope = rfc822.normalize(
-        raw.encode(),
-        provider="maildir",
-        mailbox_id=MAILBOX,
-        provider_message_id="p",
-        thread_id_for=lambda *_: "t",
-        fallback_received_at=datetime.now(UTC),
-    )
+    envelope: Envelope = normalize_raw(raw.encode())
     assert envelope.sender.address == "unknown-sender@invalid"
     assert any("exactly one mailbox" in n for n in envelope.normalization_notes)
 
@@ -45,14 +36,7 @@ def test_an_ambiguous_from_header_gives_no_sender_at_all(sender: str) -> None:
 )
 def test_an_encoded_or_empty_address_gives_no_sender(sender: str) -> None:
     raw = f"From: {sender}\r\nTo: {MAILBOX}\r\nSubject: x\r\nMessage-ID: <a@b>\r\n\r\nx\r\n"
-    envelope = rfc822.normalize(
-        raw.encode(),
-        provider="maildir",
-        mailbox_id=MAILBOX,
-        provider_message_id="p",
-        thread_id_for=lambda *_: "t",
-        fallback_received_at=datetime.now(UTC),
-    )
+    envelope = normalize_raw(raw.encode())
     assert envelope.sender.address == "unknown-sender@invalid"
 
 
@@ -64,14 +48,7 @@ async def test_a_line_separator_in_a_subject_neither_crashes_intake_nor_reaches_
         b"Subject: =?utf-8?q?Quote=E2=80=A8Bcc:_x=40evil.test?=\r\n"
         b"Message-ID: <ls@contoso.test>\r\n\r\nHello\r\n"
     )
-    envelope = rfc822.normalize(
-        raw,
-        provider="maildir",
-        mailbox_id=MAILBOX,
-        provider_message_id="p1",
-        thread_id_for=lambda *_: "t",
-        fallback_received_at=datetime.now(UTC),
-    )
+    envelope = normalize_raw(raw, provider_message_id="p1")
     assert "\u2028" not in envelope.subject and "Bcc:" in envelope.subject
     message = OutgoingMessage(
         provider_thread_id="t",
@@ -97,12 +74,5 @@ def test_a_bounce_whose_original_has_a_broken_message_id_still_normalizes(mid: s
         f"--b\r\nContent-Type: message/rfc822\r\n\r\nMessage-ID: {mid}\r\nSubject: hi\r\n\r\nbody\r\n"
         "--b--\r\n"
     )
-    envelope = rfc822.normalize(
-        raw.encode(),
-        provider="maildir",
-        mailbox_id=MAILBOX,
-        provider_message_id="p",
-        thread_id_for=lambda *_: "t",
-        fallback_received_at=datetime.now(UTC),
-    )
+    envelope = normalize_raw(raw.encode())
     assert envelope.report_failed and envelope.report_type == "delivery-status"

@@ -24,6 +24,7 @@ from agent.storage.sqlite import SqliteStore
 from agent.testing import FrozenClock, InMemoryProvider, make_envelope
 from tests.conftest import context_yaml
 from tests.conftest import run_intake as cycle
+from tests.services.conftest import Station, new_maildir
 from tests.services.gates_world import APPROVER, CLIENT, World, with_colleague
 
 pytestmark = pytest.mark.anyio
@@ -42,97 +43,77 @@ def to(env_no: int, recipient: str, thread: int | None = None):
 
 
 async def test_a_shared_mailbox_item_matching_no_workspace_goes_to_the_station_queue(
-    station_store: SqliteStore,
-    data_dir: workspaces.DataDir,
-    clock: FrozenClock,
-    register: Callable[[str], str],
+    station: Station,
 ) -> None:
-    data_dir.station_file.write_text(
+    station.data_dir.station_file.write_text(
         "unresolved_queue: station-q\nescalation_contact: lead@fabrikam.test\n"
     )
-    ws = register(shared_ctx("ws-a", "a@fabrikam.test"))
-    box = InMemoryProvider(SHARED)
+    ws, box = station.inbox(shared_ctx("ws-a", "a@fabrikam.test"), SHARED)
     box.deliver(to(1, "nobody@fabrikam.test"))
-    result = await cycle(station_store, data_dir, ws, clock, box)
+    result = await station.cycle(ws, box)
     [item] = result.items
     assert item.disposition is Disposition.ESCALATED and item.task_id is None
-    [esc] = station_store.list_escalations("station")
+    [esc] = station.store.list_escalations("station")
     assert (esc.queue, esc.assignee) == ("station-q", "lead@fabrikam.test")
     assert "matched 0 workspaces" in esc.reason
-    assert station_store.list_tasks(ws) == [] and box.sent == []
+    assert station.store.list_tasks(ws) == [] and box.sent == []
     assert result.reconciliation is not None and result.reconciliation.clean
 
 
 async def test_an_ambiguous_shared_item_is_escalated_once_whichever_workspace_runs(
-    station_store: SqliteStore,
-    data_dir: workspaces.DataDir,
-    clock: FrozenClock,
-    register: Callable[[str], str],
+    station: Station,
 ) -> None:
-    data_dir.station_file.write_text(
+    station.data_dir.station_file.write_text(
         "unresolved_queue: station-q\nescalation_contact: lead@fabrikam.test\n"
     )
-    a = register(shared_ctx("ws-a", "x@fabrikam.test"))
-    b = register(shared_ctx("ws-b", "x@fabrikam.test"))
-    box = InMemoryProvider(SHARED)
+    a = station.register(shared_ctx("ws-a", "x@fabrikam.test"))
+    b, box = station.inbox(shared_ctx("ws-b", "x@fabrikam.test"), SHARED)
     box.deliver(to(1, "x@fabrikam.test"))
-    first = await cycle(station_store, data_dir, a, clock, box)
-    second = await cycle(station_store, data_dir, b, clock, box)
+    first = await station.cycle(a, box)
+    second = await station.cycle(b, box)
     assert first.items[0].disposition is Disposition.ESCALATED
     assert second.items[0].disposition is Disposition.EXECUTION_ALREADY_DONE
-    [esc] = station_store.list_escalations("station")
+    [esc] = station.store.list_escalations("station")
     assert "matched 2 workspaces (ws-a, ws-b)" in esc.reason
 
 
 async def test_a_missing_station_destination_writes_a_health_record_naming_the_key(
-    station_store: SqliteStore,
-    data_dir: workspaces.DataDir,
-    clock: FrozenClock,
-    register: Callable[[str], str],
+    station: Station,
 ) -> None:
-    data_dir.station_file.write_text("unresolved_queue: station-q\n")
-    ws = register(shared_ctx("ws-a", "a@fabrikam.test"))
-    box = InMemoryProvider(SHARED)
+    station.data_dir.station_file.write_text("unresolved_queue: station-q\n")
+    ws, box = station.inbox(shared_ctx("ws-a", "a@fabrikam.test"), SHARED)
     box.deliver(to(1, "nobody@fabrikam.test"))
-    result = await cycle(station_store, data_dir, ws, clock, box)
+    result = await station.cycle(ws, box)
     assert result.items[0].disposition is Disposition.ESCALATED
     assert "station.yaml is missing escalation_contact" in result.items[0].detail
-    [health] = station_store.list_health()
+    [health] = station.store.list_health()
     assert health.key == "station.yaml: escalation_contact"
     assert box.sent == []
 
 
 async def test_a_shared_mailbox_item_of_another_workspace_is_not_read_by_this_run(
-    station_store: SqliteStore,
-    data_dir: workspaces.DataDir,
-    clock: FrozenClock,
-    register: Callable[[str], str],
+    station: Station,
 ) -> None:
-    a = register(shared_ctx("ws-a", "a@fabrikam.test"))
-    b = register(shared_ctx("ws-b", "b@fabrikam.test"))
-    box = InMemoryProvider(SHARED)
+    a = station.register(shared_ctx("ws-a", "a@fabrikam.test"))
+    b, box = station.inbox(shared_ctx("ws-b", "b@fabrikam.test"), SHARED)
     box.deliver(to(1, "a@fabrikam.test"))
     box.deliver(to(2, "b@fabrikam.test"))
-    result_a = await cycle(station_store, data_dir, a, clock, box)
+    result_a = await station.cycle(a, box)
     assert [i.item_ref for i in result_a.items] == [f"memory:{SHARED}/pm-1"]
-    result_b = await cycle(station_store, data_dir, b, clock, box)
+    result_b = await station.cycle(b, box)
     assert [i.item_ref for i in result_b.items] == [f"memory:{SHARED}/pm-2"]
-    assert len(station_store.list_tasks(a)) == len(station_store.list_tasks(b)) == 1
+    assert len(station.store.list_tasks(a)) == len(station.store.list_tasks(b)) == 1
 
 
 async def test_a_failed_licence_preflight_still_records_claims_and_reconciles(
-    station_store: SqliteStore,
-    data_dir: workspaces.DataDir,
-    clock: FrozenClock,
-    register: Callable[[str], str],
+    station: Station,
 ) -> None:
-    ws = register(context_yaml(licence="suspended"))
-    box = InMemoryProvider(MAILBOX)
+    ws, box = station.inbox(context_yaml(licence="suspended"))
     box.deliver(make_envelope(mailbox_id=MAILBOX, message_no=1, thread_no=1))
-    result = await cycle(station_store, data_dir, ws, clock, box)
+    result = await station.cycle(ws, box)
     [item] = result.items
     assert item.disposition is Disposition.ESCALATED and item.task_created
-    [task] = station_store.list_tasks(ws)
+    [task] = station.store.list_tasks(ws)
     [gate] = task.open_gates
     assert gate.kind is GateKind.PREFLIGHT and "suspended" in gate.reason
     assert task.next_action.owner == "noa.bar@fabrikam.test"
@@ -140,92 +121,74 @@ async def test_a_failed_licence_preflight_still_records_claims_and_reconciles(
     assert box.sent == []
 
 
-async def test_a_client_reply_resumes_the_same_waiting_task(
-    station_store: SqliteStore,
-    data_dir: workspaces.DataDir,
-    clock: FrozenClock,
-    register: Callable[[str], str],
-) -> None:
-    ws = register(context_yaml())
-    box = InMemoryProvider(MAILBOX)
+async def test_a_client_reply_resumes_the_same_waiting_task(station: Station) -> None:
+    ws, box = station.inbox(context_yaml())
     first = make_envelope(mailbox_id=MAILBOX, message_no=1, thread_no=1)
     box.deliver(first)
-    await cycle(station_store, data_dir, ws, clock, box)
-    [task] = station_store.list_tasks(ws)
-    station_store.transition_task(
-        task.task_id, TaskState.WAITING_CLIENT, "asked the client", clock.now()
+    await station.cycle(ws, box)
+    [task] = station.store.list_tasks(ws)
+    station.store.transition_task(
+        task.task_id, TaskState.WAITING_CLIENT, "asked the client", station.clock.now()
     )
     # An out-of-office reply in the thread is noise: it resumes nothing.
     box.deliver(
         make_envelope(mailbox_id=MAILBOX, message_no=2, thread_no=1, auto_submitted="auto-replied")
     )
-    noise = await cycle(station_store, data_dir, ws, clock, box)
+    noise = await station.cycle(ws, box)
     assert noise.items[-1].disposition is Disposition.NOISE_EXCLUDED
-    assert station_store.list_tasks(ws)[0].state is TaskState.WAITING_CLIENT
+    assert station.store.list_tasks(ws)[0].state is TaskState.WAITING_CLIENT
     # The client's real reply resumes the same task.
     box.deliver(
         make_envelope(
             mailbox_id=MAILBOX, message_no=3, thread_no=1, in_reply_to=first.internet_message_id
         )
     )
-    reply = await cycle(station_store, data_dir, ws, clock, box)
+    reply = await station.cycle(ws, box)
     assert reply.items[-1].disposition is Disposition.QUEUED
     assert reply.items[-1].task_id == task.task_id and not reply.items[-1].task_created
-    [resumed] = station_store.list_tasks(ws)
+    [resumed] = station.store.list_tasks(ws)
     assert resumed.state is TaskState.TASK_RESOLVED and len(resumed.messages) == 3
 
 
-async def test_a_follow_up_on_a_task_awaiting_approval_keeps_it_waiting(
-    station_store: SqliteStore,
-    data_dir: workspaces.DataDir,
-    clock: FrozenClock,
-    register: Callable[[str], str],
-) -> None:
-    ws = register(context_yaml())
-    box = InMemoryProvider(MAILBOX)
+async def test_a_follow_up_on_a_task_awaiting_approval_keeps_it_waiting(station: Station) -> None:
+    ws, box = station.inbox(context_yaml())
     box.deliver(make_envelope(mailbox_id=MAILBOX, message_no=1, thread_no=1))
-    await cycle(station_store, data_dir, ws, clock, box)
-    [task] = station_store.list_tasks(ws)
+    await station.cycle(ws, box)
+    [task] = station.store.list_tasks(ws)
     for state in (TaskState.EXECUTING, TaskState.DRAFT_READY, TaskState.WAITING_INTERNAL_APPROVAL):
-        station_store.transition_task(task.task_id, state, "work", clock.now())
+        station.store.transition_task(task.task_id, state, "work", station.clock.now())
     box.deliver(make_envelope(mailbox_id=MAILBOX, message_no=2, thread_no=1))
-    result = await cycle(station_store, data_dir, ws, clock, box)
+    result = await station.cycle(ws, box)
     assert result.items[-1].disposition is Disposition.WAITING_INTERNAL_APPROVAL
-    [same] = station_store.list_tasks(ws)
+    [same] = station.store.list_tasks(ws)
     assert same.state is TaskState.WAITING_INTERNAL_APPROVAL and len(same.messages) == 2
 
 
 async def test_the_context_is_re_read_on_every_run(
-    station_store: SqliteStore, data_dir: workspaces.DataDir, clock: FrozenClock,
-    register: Callable[[str], str], tmp_path: Path,
-) -> None:  # fmt: skip
-    ws = register(context_yaml())
+    station: Station,
+    tmp_path: Path,
+) -> None:
+    ws = station.register(context_yaml())
     box = InMemoryProvider(MAILBOX)
     box.deliver(make_envelope(mailbox_id=MAILBOX, message_no=1, thread_no=1))
-    assert (await cycle(station_store, data_dir, ws, clock, box)).items[
-        0
-    ].disposition is Disposition.QUEUED
+    assert (await station.cycle(ws, box)).items[0].disposition is Disposition.QUEUED
     thin = tmp_path / "thin.yaml"
     thin.write_text(context_yaml(kpis=False))
-    workspaces.update_workspace(station_store, data_dir, thin, clock.now())
+    workspaces.update_workspace(station.store, station.data_dir, thin, station.clock.now())
     box.deliver(make_envelope(mailbox_id=MAILBOX, message_no=2, thread_no=2))
-    result = await cycle(station_store, data_dir, ws, clock, box)
+    result = await station.cycle(ws, box)
     assert result.items[-1].disposition is Disposition.CONTEXT_GAP_DISCOVERY
 
 
 async def test_items_are_handled_oldest_first_whatever_order_the_provider_lists_them(
-    station_store: SqliteStore,
-    data_dir: workspaces.DataDir,
-    clock: FrozenClock,
-    register: Callable[[str], str],
+    station: Station,
 ) -> None:
-    ws = register(context_yaml())
-    box = InMemoryProvider(MAILBOX)
+    ws, box = station.inbox(context_yaml())
     for n in (5, 1, 3):
         box.deliver(make_envelope(mailbox_id=MAILBOX, message_no=n, thread_no=n))
-    result = await cycle(station_store, data_dir, ws, clock, box)
+    result = await station.cycle(ws, box)
     assert [i.item_ref for i in result.items] == [f"memory:{MAILBOX}/pm-{n}" for n in (1, 3, 5)]
-    assert [t.provider_thread_id for t in station_store.list_queue(ws)] == [
+    assert [t.provider_thread_id for t in station.store.list_queue(ws)] == [
         "thread-1",
         "thread-3",
         "thread-5",
@@ -243,9 +206,9 @@ async def test_a_run_for_an_unregistered_workspace_fails_naming_the_workspace(
 
 
 async def test_an_unreadable_mailbox_is_an_access_gap_and_the_other_mailboxes_still_run(
-    station_store: SqliteStore, data_dir: workspaces.DataDir, clock: FrozenClock,
-    register: Callable[[str], str], tmp_path: Path,
-) -> None:  # fmt: skip
+    station: Station,
+    tmp_path: Path,
+) -> None:
     extra = f"""\
     mailboxes:
       - {{mailbox_id: {MAILBOX}, provider: memory}}
@@ -254,89 +217,78 @@ async def test_an_unreadable_mailbox_is_an_access_gap_and_the_other_mailboxes_st
     text = context_yaml().replace(
         f"mailboxes:\n  - {{mailbox_id: {MAILBOX}, provider: memory}}\n", ""
     )
-    ws = register(text + textwrap.dedent(extra))
+    ws = station.register(text + textwrap.dedent(extra))
     box = InMemoryProvider(MAILBOX)
     box.deliver(make_envelope(mailbox_id=MAILBOX, message_no=1, thread_no=1))
     archive = MaildirProvider(tmp_path / "missing", "archive@fabrikam.test")
-    result = await cycle(station_store, data_dir, ws, clock, box, archive)
+    result = await station.cycle(ws, box, archive)
     assert [i.disposition for i in result.items] == [Disposition.QUEUED]
     [error] = result.access_errors
     assert error.startswith("archive@fabrikam.test: no Maildir at") and "create it" in error
-    [health] = station_store.list_health()
+    [health] = station.store.list_health()
     assert health.key == "mailbox archive@fabrikam.test (maildir)"
     assert result.reconciliation is not None and result.reconciliation.scanned == 1
 
 
-async def test_a_new_run_reconciles_the_open_runs_of_dead_workers(
-    station_store: SqliteStore,
-    data_dir: workspaces.DataDir,
-    clock: FrozenClock,
-    register: Callable[[str], str],
-) -> None:
-    ws = register(context_yaml())
-    station_store.start_run(
-        "run-dead", ws, f"{socket.gethostname()}/{_pid_namespace()}/999999999/1/dead", clock.now()
+async def test_a_new_run_reconciles_the_open_runs_of_dead_workers(station: Station) -> None:
+    ws = station.register(context_yaml())
+    station.store.start_run(
+        "run-dead",
+        ws,
+        f"{socket.gethostname()}/{_pid_namespace()}/999999999/1/dead",
+        station.clock.now(),
     )
-    station_store.start_run("run-elsewhere", ws, "another-host.test/1/1/x", clock.now())
-    result = await cycle(station_store, data_dir, ws, clock, InMemoryProvider(MAILBOX))
+    station.store.start_run("run-elsewhere", ws, "another-host.test/1/1/x", station.clock.now())
+    result = await station.cycle(ws, InMemoryProvider(MAILBOX))
     assert [r.run_id for r in result.reconciled_stale] == ["run-dead"]
     # A run held on another machine cannot be proven dead from here: it stays open.
-    [elsewhere] = station_store.unreconciled_runs(ws)
+    [elsewhere] = station.store.unreconciled_runs(ws)
     assert (elsewhere.run_id, elsewhere.holder) == ("run-elsewhere", "another-host.test/1/1/x")
 
 
 async def test_a_run_on_another_machine_is_reconciled_once_its_lease_ran_out(
-    station_store: SqliteStore,
-    data_dir: workspaces.DataDir,
-    clock: FrozenClock,
-    register: Callable[[str], str],
+    station: Station,
 ) -> None:
-    ws = register(context_yaml())
+    ws = station.register(context_yaml())
     other = "another-host.test/1/1/x"
-    start = clock.now()
-    station_store.start_run("run-leased", ws, other, start, start + intake.RUN_LEASE)
-    station_store.record_scanned([LedgerEntry(run_id="run-leased", item_ref="a")], start)
-    first = await cycle(station_store, data_dir, ws, clock, InMemoryProvider(MAILBOX))
+    start = station.clock.now()
+    station.store.start_run("run-leased", ws, other, start, start + intake.RUN_LEASE)
+    station.store.record_scanned([LedgerEntry(run_id="run-leased", item_ref="a")], start)
+    first = await station.cycle(ws, InMemoryProvider(MAILBOX))
     assert first.reconciled_stale == []  # its lease still runs: the other machine works on
-    clock.advance(minutes=14)
-    assert station_store.renew_run("run-leased", other, clock.now() + intake.RUN_LEASE)
-    clock.advance(minutes=14)
-    second = await cycle(station_store, data_dir, ws, clock, InMemoryProvider(MAILBOX))
+    station.clock.advance(minutes=14)
+    assert station.store.renew_run("run-leased", other, station.clock.now() + intake.RUN_LEASE)
+    station.clock.advance(minutes=14)
+    second = await station.cycle(ws, InMemoryProvider(MAILBOX))
     assert second.reconciled_stale == []  # renewed in time
-    clock.advance(minutes=2)
-    third = await cycle(station_store, data_dir, ws, clock, InMemoryProvider(MAILBOX))
+    station.clock.advance(minutes=2)
+    third = await station.cycle(ws, InMemoryProvider(MAILBOX))
     [stale] = third.reconciled_stale
     assert stale.run_id == "run-leased" and stale.reconciliation_failed == 1
     # The machine that lost its run can no longer renew it.
-    assert not station_store.renew_run("run-leased", other, clock.now() + intake.RUN_LEASE)
+    assert not station.store.renew_run("run-leased", other, station.clock.now() + intake.RUN_LEASE)
 
 
-async def test_a_long_run_renews_its_own_lease_as_it_goes(
-    station_store: SqliteStore,
-    data_dir: workspaces.DataDir,
-    clock: FrozenClock,
-    register: Callable[[str], str],
-) -> None:
-    ws = register(context_yaml())
-    box = InMemoryProvider(MAILBOX)
+async def test_a_long_run_renews_its_own_lease_as_it_goes(station: Station) -> None:
+    ws, box = station.inbox(context_yaml())
     for n in range(1, 4):
         box.deliver(make_envelope(mailbox_id=MAILBOX, message_no=n, thread_no=n))
     renewals: list[datetime] = []
-    real_claim = station_store.claim
+    real_claim = station.store.claim
 
     def slow_claim(*args: Any, **kwargs: Any) -> Any:
-        clock.advance(minutes=6)  # every item takes six minutes of the run's lease
+        station.clock.advance(minutes=6)  # every item takes six minutes of the run's lease
         return real_claim(*args, **kwargs)
 
-    real_renew = station_store.renew_run
+    real_renew = station.store.renew_run
 
     def renew(run_id: str, holder: str, until: datetime) -> bool:
         renewals.append(until)
         return real_renew(run_id, holder, until)
 
-    setattr(station_store, "claim", slow_claim)  # noqa: B010
-    setattr(station_store, "renew_run", renew)  # noqa: B010
-    result = await cycle(station_store, data_dir, ws, clock, box)
+    setattr(station.store, "claim", slow_claim)  # noqa: B010
+    setattr(station.store, "renew_run", renew)  # noqa: B010
+    result = await station.cycle(ws, box)
     assert result.reconciliation is not None and result.reconciliation.clean
     # Once when the scan is recorded, then before the second and the third item (6 and 12
     # minutes in).
@@ -348,9 +300,9 @@ async def test_a_long_run_renews_its_own_lease_as_it_goes(
 
 
 async def test_the_same_file_name_in_two_mailboxes_is_two_items(
-    station_store: SqliteStore, data_dir: workspaces.DataDir, clock: FrozenClock,
-    register: Callable[[str], str], tmp_path: Path,
-) -> None:  # fmt: skip
+    station: Station,
+    tmp_path: Path,
+) -> None:
     paths = {name: tmp_path / name / "Maildir" for name in ("ops", "archive")}
     for n, path in enumerate(paths.values()):
         path.parent.mkdir()
@@ -369,20 +321,20 @@ async def test_the_same_file_name_in_two_mailboxes_is_two_items(
             "grants: {licence: active, mailboxes: [archive@fabrikam.test, ",
         )
     )
-    ws = register(text)
+    ws = station.register(text)
     providers = {
         MAILBOX: MaildirProvider(paths["ops"], MAILBOX),
         "archive@fabrikam.test": MaildirProvider(paths["archive"], "archive@fabrikam.test"),
     }
-    result = await cycle(station_store, data_dir, ws, clock, *providers.values())
+    result = await station.cycle(ws, *providers.values())
     assert len(result.items) == 2 and {i.disposition for i in result.items} == {Disposition.QUEUED}
     assert result.reconciliation is not None and result.reconciliation.clean
 
 
 async def test_malformed_files_in_a_maildir_are_recorded_and_nothing_stops_the_run(
-    station_store: SqliteStore, data_dir: workspaces.DataDir, clock: FrozenClock,
-    register: Callable[[str], str], tmp_path: Path,
-) -> None:  # fmt: skip
+    station: Station,
+    tmp_path: Path,
+) -> None:
     path = tmp_path / "Maildir"
     mailbox.Maildir(str(path), create=True)
     nested = (
@@ -405,8 +357,8 @@ async def test_malformed_files_in_a_maildir_are_recorded_and_nothing_stops_the_r
     }
     for name, data in files.items():
         (path / "new" / name).write_bytes(data)
-    ws = register(context_yaml(provider="maildir", path=str(path)))
-    result = await cycle(station_store, data_dir, ws, clock, MaildirProvider(path, MAILBOX))
+    ws = station.register(context_yaml(provider="maildir", path=str(path)))
+    result = await station.cycle(ws, MaildirProvider(path, MAILBOX))
     by_name = {i.item_ref.rsplit(":", 1)[-1]: i for i in result.items}
     assert set(by_name) == set(files)
     assert by_name["g-empty.eml"].disposition is Disposition.ESCALATED
@@ -444,11 +396,10 @@ async def test_an_unexpected_error_in_one_item_does_not_stop_the_others(
 
 
 async def test_a_reused_message_id_does_not_pull_a_new_request_into_another_thread(
-    station_store: SqliteStore, data_dir: workspaces.DataDir, clock: FrozenClock,
-    register: Callable[[str], str], tmp_path: Path,
-) -> None:  # fmt: skip
-    path = tmp_path / "Maildir"
-    box = mailbox.Maildir(str(path), create=True)
+    station: Station,
+    tmp_path: Path,
+) -> None:
+    path, box = new_maildir(tmp_path)
 
     def add(sender: str, mid: str, subject: str, parent: str | None = None) -> None:
         head = f"From: {sender}\r\nTo: {MAILBOX}\r\nSubject: {subject}\r\nMessage-ID: {mid}\r\n"
@@ -459,20 +410,19 @@ async def test_a_reused_message_id_does_not_pull_a_new_request_into_another_thre
     add("dana.levi@contoso.test", "<x@contoso.test>", "Contoso contract")
     add("dana.levi@contoso.test", "<dup@mailer.test>", "Re: Contoso contract", "<x@contoso.test>")
     add("someone@other-client.test", "<dup@mailer.test>", "Unrelated new request")
-    ws = register(context_yaml(provider="maildir", path=str(path)))
-    await cycle(station_store, data_dir, ws, clock, MaildirProvider(path, MAILBOX))
+    ws = station.register(context_yaml(provider="maildir", path=str(path)))
+    await station.cycle(ws, MaildirProvider(path, MAILBOX))
     senders = sorted(
-        tuple(sorted({m.sender for m in t.messages})) for t in station_store.list_tasks(ws)
+        tuple(sorted({m.sender for m in t.messages})) for t in station.store.list_tasks(ws)
     )
     assert senders == [("dana.levi@contoso.test",), ("someone@other-client.test",)]
 
 
 async def test_reused_message_ids_never_file_a_reply_on_another_senders_task(
-    station_store: SqliteStore, data_dir: workspaces.DataDir, clock: FrozenClock,
-    register: Callable[[str], str], tmp_path: Path,
-) -> None:  # fmt: skip
-    path = tmp_path / "Maildir"
-    box = mailbox.Maildir(str(path), create=True)
+    station: Station,
+    tmp_path: Path,
+) -> None:
+    path, box = new_maildir(tmp_path)
 
     def add(sender: str, mid: str, subject: str, date: str, parent: str | None = None) -> None:
         head = f"From: {sender}\r\nTo: {MAILBOX}\r\nSubject: {subject}\r\nMessage-ID: {mid}\r\nDate: {date}\r\n"
@@ -514,9 +464,9 @@ async def test_reused_message_ids_never_file_a_reply_on_another_senders_task(
         "Mon, 30 Nov 2026 10:00:00 +0000",
         "<dup@mailer.test>",
     )
-    ws = register(context_yaml(provider="maildir", path=str(path)))
-    await cycle(station_store, data_dir, ws, clock, MaildirProvider(path, MAILBOX))
-    for task in station_store.list_tasks(ws):
+    ws = station.register(context_yaml(provider="maildir", path=str(path)))
+    await station.cycle(ws, MaildirProvider(path, MAILBOX))
+    for task in station.store.list_tasks(ws):
         senders = {m.sender for m in task.messages}
         assert len(senders) == 1, (task.title, senders)
 

@@ -11,7 +11,7 @@ import pytest
 from agent.domain.dispositions import Disposition, GateKind
 from agent.domain.records import TaskAmendment
 from agent.domain.states import TaskState
-from agent.domain.task import MessageRef
+from agent.domain.task import Gate, MessageRef, Task
 from agent.services import approvals
 from agent.services.intake import ItemOutcome
 from tests.conftest import context_yaml
@@ -34,26 +34,48 @@ async def _one(world: World) -> ItemOutcome:
     return claimed[-1]
 
 
-async def test_row_new_request_from_a_verified_client_is_queued_for_the_client_manager(
-    make_world: Callable[..., World],
-) -> None:
-    world = make_world()
-    world.deliver(sender=CLIENT, thread=1)
+async def _closes_as(world: World, disposition: Disposition) -> None:
+    """The next intake closes the single item with ``disposition`` and completes its task."""
+    item = await _one(world)
+    assert item.disposition is disposition
+    assert world.only_task().state is TaskState.COMPLETED
+
+
+async def _single_gate(world: World, disposition: Disposition) -> Gate:
+    """The next intake gives the single item ``disposition``: its task's one open gate."""
+    item = await _one(world)
+    assert item.disposition is disposition
+    [gate] = world.only_task().open_gates
+    return gate
+
+
+async def _queued_from(world: World, sender: str) -> Task:
+    """A first message from ``sender`` is queued: the task it opens."""
+    world.deliver(sender=sender, thread=1)
     item = await _one(world)
     assert item.disposition is Disposition.QUEUED
-    task = world.only_task()
+    return world.only_task()
+
+
+async def _client_task(world: World) -> Task:
+    """The task a client's first message opens."""
+    world.deliver(sender=CLIENT, thread=1)
+    await world.intake()
+    return world.only_task()
+
+
+async def test_row_new_request_from_a_verified_client_is_queued_for_the_client_manager(
+    world: World,
+) -> None:
+    task = await _queued_from(world, CLIENT)
     assert task.state is TaskState.TASK_RESOLVED and task.next_action.owner == APPROVER
     assert task.requester is None  # a client is not an internal requester
 
 
 async def test_row_new_request_from_an_internal_colleague_opens_the_requester_loop(
-    make_world: Callable[..., World],
+    world: World,
 ) -> None:
-    world = make_world()
-    world.deliver(sender=COLLEAGUE, thread=1)
-    item = await _one(world)
-    assert item.disposition is Disposition.QUEUED
-    assert world.only_task().requester == COLLEAGUE
+    assert (await _queued_from(world, COLLEAGUE)).requester == COLLEAGUE
 
 
 async def test_row_preflight_failure_is_escalated_to_the_escalation_contact(
@@ -61,16 +83,11 @@ async def test_row_preflight_failure_is_escalated_to_the_escalation_contact(
 ) -> None:
     world = make_world(context_yaml(licence="suspended"))
     world.deliver(sender=CLIENT, thread=1)
-    item = await _one(world)
-    assert item.disposition is Disposition.ESCALATED
-    [gate] = world.only_task().open_gates
+    gate = await _single_gate(world, Disposition.ESCALATED)
     assert gate.kind is GateKind.PREFLIGHT and gate.owner == APPROVER
 
 
-async def test_row_a_bounce_of_a_task_message_joins_its_task_and_is_escalated(
-    make_world: Callable[..., World],
-) -> None:
-    world = make_world()
+async def test_row_a_bounce_of_a_task_message_joins_its_task_and_is_escalated(world: World) -> None:
     world.deliver(sender=CLIENT, thread=1)
     await world.intake()
     task = world.to_draft_ready(world.only_task().task_id)
@@ -93,8 +110,7 @@ async def test_row_a_bounce_of_a_task_message_joins_its_task_and_is_escalated(
     )
 
 
-async def test_row_a_bounce_linked_to_nothing_is_noise(make_world: Callable[..., World]) -> None:
-    world = make_world()
+async def test_row_a_bounce_linked_to_nothing_is_noise(world: World) -> None:
     world.deliver(
         sender="mailer-daemon@elsewhere.test",
         thread="bounce",
@@ -102,18 +118,13 @@ async def test_row_a_bounce_linked_to_nothing_is_noise(make_world: Callable[...,
         report_failed=True,
         reported_message_id="<never-seen@elsewhere.test>",
     )
-    item = await _one(world)
-    assert item.disposition is Disposition.NOISE_EXCLUDED
-    assert world.only_task().state is TaskState.COMPLETED
+    await _closes_as(world, Disposition.NOISE_EXCLUDED)
 
 
 async def test_row_an_out_of_office_reply_joins_the_thread_and_keeps_waiting_client(
-    make_world: Callable[..., World],
+    world: World,
 ) -> None:
-    world = make_world()
-    world.deliver(sender=CLIENT, thread=1)
-    await world.intake()
-    task = world.only_task()
+    task = await _client_task(world)
     world.store.transition_task(task.task_id, TaskState.WAITING_CLIENT, "asked", world.clock.now())
     world.deliver(sender=CLIENT, thread=1, subject="Out of office", auto_submitted="auto-replied")
     item = await _one(world)
@@ -131,30 +142,21 @@ async def test_row_an_out_of_office_reply_joins_the_thread_and_keeps_waiting_cli
     ],
 )
 async def test_row_clear_automated_or_list_mail_from_an_unknown_sender_is_noise(
-    make_world: Callable[..., World], changes: dict[str, Any]
+    world: World, changes: dict[str, Any]
 ) -> None:
-    world = make_world()
     world.deliver(sender="news@example.test", thread=1, **changes)
-    item = await _one(world)
-    assert item.disposition is Disposition.NOISE_EXCLUDED
-    assert world.only_task().state is TaskState.COMPLETED
+    await _closes_as(world, Disposition.NOISE_EXCLUDED)
 
 
 async def test_row_list_mail_from_a_known_contact_goes_to_a_human_not_to_silence(
-    make_world: Callable[..., World],
+    world: World,
 ) -> None:
-    world = make_world()
     world.deliver(sender=CLIENT, thread=1, list_id="<clients.contoso.test>")
-    item = await _one(world)
-    assert item.disposition is Disposition.AWAITING_ASSIGNMENT
-    [gate] = world.only_task().open_gates
+    gate = await _single_gate(world, Disposition.AWAITING_ASSIGNMENT)
     assert gate.kind is GateKind.ASSIGNMENT and gate.owner == APPROVER
 
 
-async def test_row_the_workspaces_own_mail_come_back_is_a_loop(
-    make_world: Callable[..., World],
-) -> None:
-    world = make_world()
+async def test_row_the_workspaces_own_mail_come_back_is_a_loop(world: World) -> None:
     world.deliver(sender=MAILBOX, thread=1)
     item = await _one(world)
     assert item.disposition is Disposition.NOISE_EXCLUDED and "own mailbox" in item.detail
@@ -189,9 +191,8 @@ async def test_row_no_owner_in_the_context_awaits_assignment_in_the_unresolved_q
 
 
 async def test_row_an_attachment_in_a_format_outside_the_context_asks_for_clarification(
-    make_world: Callable[..., World],
+    world: World,
 ) -> None:
-    world = make_world()
     world.deliver(
         sender=CLIENT,
         thread=1,
@@ -207,28 +208,20 @@ async def test_row_an_attachment_in_a_format_outside_the_context_asks_for_clarif
     assert task.attachment_names == ("contract.pdf", "figures.numbers")
 
 
-async def test_row_an_internal_fyi_with_the_mailbox_only_in_cc_needs_no_reply(
-    make_world: Callable[..., World],
-) -> None:
-    world = make_world()
+async def test_row_an_internal_fyi_with_the_mailbox_only_in_cc_needs_no_reply(world: World) -> None:
     world.deliver(
         sender=COLLEAGUE,
         thread=1,
         to=(address("someone@fabrikam.test"),),
         cc=(address(MAILBOX),),
     )
-    item = await _one(world)
-    assert item.disposition is Disposition.CLOSED_NO_REPLY_NEEDED
-    assert world.only_task().state is TaskState.COMPLETED
+    await _closes_as(world, Disposition.CLOSED_NO_REPLY_NEEDED)
 
 
 async def test_row_a_message_older_than_the_threads_sent_reply_is_already_answered(
-    make_world: Callable[..., World],
+    world: World,
 ) -> None:
-    world = make_world()
-    world.deliver(sender=CLIENT, thread=1)
-    await world.intake()
-    task = world.only_task()
+    task = await _client_task(world)
     world.store.amend_task(
         task.task_id,
         TaskAmendment(
@@ -252,13 +245,8 @@ async def test_row_a_message_older_than_the_threads_sent_reply_is_already_answer
     assert item.disposition is Disposition.ALREADY_ANSWERED
 
 
-async def test_row_a_client_reply_resumes_a_task_waiting_on_the_client(
-    make_world: Callable[..., World],
-) -> None:
-    world = make_world()
-    world.deliver(sender=CLIENT, thread=1)
-    await world.intake()
-    task = world.only_task()
+async def test_row_a_client_reply_resumes_a_task_waiting_on_the_client(world: World) -> None:
+    task = await _client_task(world)
     world.store.transition_task(task.task_id, TaskState.WAITING_CLIENT, "asked", world.clock.now())
     world.clock.advance(hours=1)
     world.deliver(sender=CLIENT, thread=1)
@@ -268,9 +256,8 @@ async def test_row_a_client_reply_resumes_a_task_waiting_on_the_client(
 
 
 async def test_row_a_display_name_with_a_bidi_override_is_flagged_wherever_it_is_shown(
-    make_world: Callable[..., World],
+    world: World,
 ) -> None:
-    world = make_world()
     world.deliver(
         sender=CLIENT,
         sender_name="Dana \u202eecnaniF",

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import hashlib
-import mailbox
 import multiprocessing
 import random
 from collections.abc import Callable
@@ -23,35 +22,31 @@ from agent.services import intake, workspaces
 from agent.storage.sqlite import SqliteStore
 from agent.testing import FrozenClock, InMemoryProvider, make_envelope
 from tests.conftest import context_yaml
-from tests.conftest import run_intake as cycle
+from tests.services.conftest import Station, new_maildir
 
 pytestmark = pytest.mark.anyio
 MAILBOX = "support@fabrikam.test"
 
 
 async def test_scenario_01_a_new_message_resolves_one_workspace_claims_once_and_creates_one_task(
-    station_store: SqliteStore,
-    data_dir: workspaces.DataDir,
-    clock: FrozenClock,
-    register: Callable[[str], str],
+    station: Station,
 ) -> None:
-    ws = register(context_yaml())
-    box = InMemoryProvider(MAILBOX)
+    ws, box = station.inbox(context_yaml())
     box.deliver(
         make_envelope(
             mailbox_id=MAILBOX, message_no=1, thread_no=1, sender="dana.levi@contoso.test"
         )
     )
-    result = await cycle(station_store, data_dir, ws, clock, box)
+    result = await station.cycle(ws, box)
     [item] = result.items
     assert item.claim is ClaimOutcome.CLAIMED and item.task_created
     assert item.disposition is Disposition.QUEUED
-    [task] = station_store.list_tasks(ws)
+    [task] = station.store.list_tasks(ws)
     assert task.task_id == item.task_id and task.workspace_id == ws
     assert task.state is TaskState.TASK_RESOLVED and task.sender_side == "client"
     assert task.next_action.owner == "noa.bar@fabrikam.test"
     assert task.title == "Request 1" and task.original_subject == "Request 1"
-    assert station_store.counts()["executions"] == 1
+    assert station.store.counts()["executions"] == 1
     assert result.reconciliation is not None and result.reconciliation.clean
 
 
@@ -100,52 +95,44 @@ def test_scenario_02_two_workers_racing_on_the_same_occurrences_create_one_claim
 
 
 async def test_scenario_03_a_replay_after_completion_creates_nothing_and_is_fully_reconciled(
-    station_store: SqliteStore,
-    data_dir: workspaces.DataDir,
-    clock: FrozenClock,
-    register: Callable[[str], str],
+    station: Station,
 ) -> None:
-    ws = register(context_yaml())
-    box = InMemoryProvider(MAILBOX)
+    ws, box = station.inbox(context_yaml())
     for n in range(4):
         box.deliver(make_envelope(mailbox_id=MAILBOX, message_no=n, thread_no=n // 2))
-    await cycle(station_store, data_dir, ws, clock, box)
-    before = station_store.counts()
-    tasks_before = station_store.list_tasks(ws)
-    replay = await cycle(station_store, data_dir, ws, clock, box)
+    await station.cycle(ws, box)
+    before = station.store.counts()
+    tasks_before = station.store.list_tasks(ws)
+    replay = await station.cycle(ws, box)
     assert {i.disposition for i in replay.items} == {Disposition.EXECUTION_ALREADY_DONE}
-    after = station_store.counts()
+    after = station.store.counts()
     assert after["tasks"] == before["tasks"] == 2
     assert after["executions"] == before["executions"]
-    assert station_store.list_tasks(ws) == tasks_before
+    assert station.store.list_tasks(ws) == tasks_before
     rec = replay.reconciliation
     assert rec is not None and rec.clean and rec.scanned == rec.claim_race == 4
 
 
 async def test_scenario_04_missing_context_is_a_context_gap_and_no_provisional_value_becomes_official(
-    station_store: SqliteStore,
-    data_dir: workspaces.DataDir,
-    clock: FrozenClock,
-    register: Callable[[str], str],
+    station: Station,
 ) -> None:
-    ws = register(context_yaml(kpis=False))
-    box = InMemoryProvider(MAILBOX)
+    ws, box = station.inbox(context_yaml(kpis=False))
     box.deliver(make_envelope(mailbox_id=MAILBOX, message_no=1, thread_no=1))
     box.deliver(make_envelope(mailbox_id=MAILBOX, message_no=2, thread_no=2))
-    result = await cycle(station_store, data_dir, ws, clock, box)
+    result = await station.cycle(ws, box)
     assert [i.disposition for i in result.items] == [Disposition.CONTEXT_GAP_DISCOVERY] * 2
-    for task in station_store.list_tasks(ws):
+    for task in station.store.list_tasks(ws):
         # Safe discovery continues: the task exists, is queued and names the gap and its owner.
         assert task.state is TaskState.IN_DISCOVERY
         [gate] = task.open_gates
         assert "kpis.official" in gate.reason and gate.owner == "noa.bar@fabrikam.test"
         assert task.provisional_basis["first_response_hours"] == "24"
         assert "never an official KPI" in task.provisional_basis["basis"]
-    assert len(station_store.list_queue(ws)) == 2
+    assert len(station.store.list_queue(ws)) == 2
     # The live context is untouched: still no official KPI.
-    live = workspaces.load_context(station_store, ws)
+    live = workspaces.load_context(station.store, ws)
     assert live.kpis.official == {}
-    stored = yaml.safe_load(Path(station_store.get_workspace(ws).context_path).read_text())  # type: ignore[union-attr]
+    stored = yaml.safe_load(Path(station.store.get_workspace(ws).context_path).read_text())  # type: ignore[union-attr]
     assert stored["kpis"] == {"official": {}}
 
 
@@ -169,22 +156,21 @@ def _tree_digest(root: Path) -> dict[str, str]:
 
 
 async def test_scenario_13_no_provider_label_folder_or_flag_is_runtime_state(
-    station_store: SqliteStore, data_dir: workspaces.DataDir, clock: FrozenClock,
-    register: Callable[[str], str], tmp_path: Path,
-) -> None:  # fmt: skip
-    maildir_path = tmp_path / "Maildir"
-    md = mailbox.Maildir(str(maildir_path), create=True)
+    station: Station,
+    tmp_path: Path,
+) -> None:
+    maildir_path, md = new_maildir(tmp_path)
     for n in range(3):
         msg = EmailMessage()
         msg["From"], msg["To"], msg["Subject"] = "dana.levi@contoso.test", MAILBOX, f"Question {n}"
         msg["Message-ID"] = f"<q{n}@contoso.test>"
         msg.set_content("body")
         md.add(msg.as_bytes())
-    ws = register(context_yaml(provider="maildir", path=str(maildir_path)))
+    ws = station.register(context_yaml(provider="maildir", path=str(maildir_path)))
     before = _tree_digest(maildir_path)
     box = MaildirProvider(maildir_path, MAILBOX)
-    first = await cycle(station_store, data_dir, ws, clock, box)
-    second = await cycle(station_store, data_dir, ws, clock, box)
+    first = await station.cycle(ws, box)
+    second = await station.cycle(ws, box)
     # Byte-identical: no file moved from new/ to cur/, no flag suffix, no folder written.
     assert _tree_digest(maildir_path) == before
     assert not (maildir_path / ".Sent").exists()
@@ -194,13 +180,9 @@ async def test_scenario_13_no_provider_label_folder_or_flag_is_runtime_state(
 
 
 async def test_scenario_14_every_scanned_item_is_reconciled_to_exactly_one_outcome(
-    station_store: SqliteStore,
-    data_dir: workspaces.DataDir,
-    clock: FrozenClock,
-    register: Callable[[str], str],
+    station: Station,
 ) -> None:
-    ws = register(context_yaml())
-    box = InMemoryProvider(MAILBOX)
+    ws, box = station.inbox(context_yaml())
     first = make_envelope(mailbox_id=MAILBOX, message_no=1, thread_no=1)
     box.deliver(first)
     box.deliver(
@@ -215,8 +197,8 @@ async def test_scenario_14_every_scanned_item_is_reconciled_to_exactly_one_outco
     box.deliver(dup)
     box.deliver(dup.model_copy(update={"provider_message_id": "pm-4-copy"}))  # delivered twice
     box.deliver_unreadable("pm-broken", "no header block could be read")
-    result = await cycle(station_store, data_dir, ws, clock, box)
-    ledger = station_store.ledger(result.run_id)
+    result = await station.cycle(ws, box)
+    ledger = station.store.ledger(result.run_id)
     assert len(ledger) == 6 and all(e.disposition is not None for e in ledger)
     by_item = {e.item_ref.removeprefix(f"memory:{MAILBOX}/"): e.disposition for e in ledger}
     assert by_item == {
@@ -232,7 +214,7 @@ async def test_scenario_14_every_scanned_item_is_reconciled_to_exactly_one_outco
     assert rec.scanned == 6 == rec.terminal + rec.non_terminal + rec.claim_race
     assert (rec.terminal, rec.non_terminal, rec.claim_race) == (1, 4, 1)
     assert all(d in TERMINAL | NON_TERMINAL | CLAIM_RACE for d in by_item.values())
-    [escalation] = station_store.list_escalations(ws)
+    [escalation] = station.store.list_escalations(ws)
     assert escalation.queue == "unresolved" and escalation.assignee == "noa.bar@fabrikam.test"
     assert "could not be normalized" in escalation.reason
     assert box.sent == []  # nothing is sent by intake

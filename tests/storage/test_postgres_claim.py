@@ -10,6 +10,7 @@ import re
 import threading
 import time
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, cast
 
@@ -356,36 +357,64 @@ def test_the_general_path_and_the_one_statement_leave_the_same_store(
         one.close()
 
 
-# -- races the statement settles itself ----------------------------------------------------
-
-
-def test_a_thread_whose_task_another_worker_creates_meanwhile_joins_that_task(
-    tmp_path: Path,
-    statements: Sent,
-    paused_task_write: tuple[threading.Event, threading.Event],
-) -> None:
-    paused, release = paused_task_write
+@contextmanager
+def two_workers(tmp_path: Path) -> Iterator[tuple[str, PostgresStore, Harness, Harness]]:
+    """(url, store, other's harness, this worker's harness): another worker on the general
+    path and this one on the one-statement path, sharing one store."""
     url = pg_url_at(tmp_path)
     other, store = GeneralPath(url), PostgresStore(url)
     try:
         clock = FrozenClock()
-        h_other, h = Harness(other, clock), Harness(store, clock)
-        first, second = env(1, 7), env(2, 7)
-        run_id = h.run(first, second)
-        # The other worker has created thread 7's task and not committed yet.
-        holder, held = in_thread(
-            "holder", lambda: h_other.claim(run_id, first, holder="host/8/8/other")
-        )
+        yield url, store, Harness(other, clock), Harness(store, clock)
+    finally:
+        other.close()
+        store.close()
+
+
+Race = Callable[[str, Callable[[], Any], Callable[[], Any]], tuple[Any, Any, list[str]]]
+
+
+@pytest.fixture
+def race_while_held(
+    statements: Sent, paused_task_write: tuple[threading.Event, threading.Event]
+) -> Race:
+    """``race(url, hold, race)``: ``hold`` runs as the other worker and stops at its task
+    write; ``race`` runs meanwhile until it waits on that worker's lock; then both finish.
+    Their results, and what ``race`` sent."""
+    paused, release = paused_task_write
+
+    def run(url: str, hold: Callable[[], Any], race: Callable[[], Any]) -> Any:
+        holder, held = in_thread("holder", hold)
         assert paused.wait(timeout=LOCK_WAIT_TIMEOUT_S)
-        racer, raced = in_thread(
-            "racer", lambda: sent_by(statements, lambda: h.claim(run_id, second))
-        )
-        wait_for_lock_wait(url, racer)  # its thread link waits on the other's
+        racer, raced = in_thread("racer", lambda: sent_by(statements, race))
+        wait_for_lock_wait(url, racer)
         release.set()
         holder.join(LOCK_WAIT_TIMEOUT_S)
         racer.join(LOCK_WAIT_TIMEOUT_S)
         [created] = held
         [(result, sent)] = raced
+        return created, result, sent
+
+    return run
+
+
+# -- races the statement settles itself ----------------------------------------------------
+
+
+def test_a_thread_whose_task_another_worker_creates_meanwhile_joins_that_task(
+    tmp_path: Path,
+    race_while_held: Race,
+) -> None:
+    with two_workers(tmp_path) as (url, store, h_other, h):
+        first, second = env(1, 7), env(2, 7)
+        run_id = h.run(first, second)
+        # The other worker has created thread 7's task and not committed yet; this one's
+        # thread link waits on the other's.
+        created, result, sent = race_while_held(
+            url,
+            lambda: h_other.claim(run_id, first, holder="host/8/8/other"),
+            lambda: h.claim(run_id, second),
+        )
         assert created.outcome is ClaimOutcome.CLAIMED and created.task_created
         # UNIQUE(work_key) decided it inside the one statement: the message joined that task.
         assert one_statement(sent), sent
@@ -398,23 +427,13 @@ def test_a_thread_whose_task_another_worker_creates_meanwhile_joins_that_task(
         ]
         counts = store.counts()
         assert (counts["tasks"], counts["task_threads"], counts["task_messages"]) == (1, 1, 2)
-    finally:
-        release.set()
-        other.close()
-        store.close()
 
 
 def test_a_reply_linked_to_another_task_joins_its_own_thread_when_that_thread_won_meanwhile(
     tmp_path: Path,
-    statements: Sent,
-    paused_task_write: tuple[threading.Event, threading.Event],
+    race_while_held: Race,
 ) -> None:
-    paused, release = paused_task_write
-    url = pg_url_at(tmp_path)
-    other, store = GeneralPath(url), PostgresStore(url)
-    try:
-        clock = FrozenClock()
-        h_other, h = Harness(other, clock), Harness(store, clock)
+    with two_workers(tmp_path) as (url, store, h_other, h):
         original = env(1, 1)  # thread 1: its own task
         opener = env(2, 2)  # thread 2's first message
         reply = env(3, 2, in_reply_to="<m1@example.test>")  # thread 2, replying to thread 1
@@ -422,19 +441,12 @@ def test_a_reply_linked_to_another_task_joins_its_own_thread_when_that_thread_wo
         h.claim(run_id, original)
         # The other worker is creating thread 2's own task; the reply finds thread 1's task
         # by exact linkage, and its thread link waits on the other's.
-        holder, held = in_thread(
-            "holder", lambda: h_other.claim(run_id, opener, holder="host/8/8/other")
+        created, result, sent = race_while_held(
+            url,
+            lambda: h_other.claim(run_id, opener, holder="host/8/8/other"),
+            lambda: h.claim(run_id, reply),
         )
-        assert paused.wait(timeout=LOCK_WAIT_TIMEOUT_S)
-        racer, raced = in_thread(
-            "racer", lambda: sent_by(statements, lambda: h.claim(run_id, reply))
-        )
-        wait_for_lock_wait(url, racer)
-        release.set()
-        holder.join(LOCK_WAIT_TIMEOUT_S)
-        racer.join(LOCK_WAIT_TIMEOUT_S)
-        [(result, sent)] = raced
-        assert held[0].outcome is ClaimOutcome.CLAIMED
+        assert created.outcome is ClaimOutcome.CLAIMED
         assert one_statement(sent) and result.outcome is ClaimOutcome.CLAIMED, sent
         thread_2 = store.task_for_thread(work_key(WS, opener))
         thread_1 = store.task_for_thread(work_key(WS, original))
@@ -442,10 +454,6 @@ def test_a_reply_linked_to_another_task_joins_its_own_thread_when_that_thread_wo
         assert thread_1.task_id != thread_2.task_id == result.task.task_id
         assert [m.provider_message_id for m in thread_1.messages] == ["pm-1"]
         assert sorted(m.provider_message_id for m in thread_2.messages) == ["pm-2", "pm-3"]
-    finally:
-        release.set()
-        other.close()
-        store.close()
 
 
 def test_what_the_statement_cannot_read_it_leaves_to_the_general_path(

@@ -18,6 +18,7 @@ from agent.domain.execution import ClaimOutcome
 from agent.domain.records import (
     Binding,
     ClaimRequest,
+    ClaimResult,
     ReportRequest,
     SendIntent,
     TaskDraft,
@@ -95,6 +96,12 @@ class Harness:
             lease_seconds=lease,
         )
         return self.store.claim(request, draft_for(env), self.clock.now(), alive)
+
+    def claim_first(self) -> tuple[str, Envelope, ClaimResult]:
+        """A run that scanned thread 1's first message, and that message's claim."""
+        e = env(1, 1)
+        run_id = self.run(e)
+        return run_id, e, self.claim(run_id, e)
 
     def report(
         self,
@@ -274,3 +281,14 @@ class StoreContract:
     @pytest.fixture
     def h(self, store: EmbeddedStore, clock: FrozenClock) -> Harness:
         return Harness(store, clock)
+
+
+def reported_task_and_reply(h: Harness) -> tuple[Task, Envelope]:
+    """A thread's first message claimed and reported (its task resolved), and a reply in
+    that thread not yet scanned."""
+    first, second = env(1, 1), env(2, 1, in_reply_to="<m1@example.test>")
+    r1 = h.run(first)
+    task = h.claim(r1, first).task
+    h.report(r1, first)
+    assert task is not None
+    return task, second

@@ -23,6 +23,7 @@ from agent.testing.storage.base import (
     StoreContract,
     alive,
     env,
+    reported_task_and_reply,
     retry_later,
 )
 
@@ -33,9 +34,7 @@ class ClaimsContract(StoreContract):
     def test_the_first_claim_wins_and_creates_the_task_in_the_same_transaction(
         self, h: Harness
     ) -> None:
-        e = env(1, 1)
-        run_id = h.run(e)
-        result = h.claim(run_id, e)
+        _, _, result = h.claim_first()
         assert result.outcome is ClaimOutcome.CLAIMED and result.task_created
         assert result.task is not None and result.execution.task_id == result.task.task_id
         assert h.store.get_task(result.task.task_id) == result.task
@@ -126,9 +125,7 @@ class ClaimsContract(StoreContract):
     def test_the_report_moves_the_task_and_records_gates_and_outcome(
         self, h: Harness, clock: FrozenClock
     ) -> None:
-        e = env(1, 1)
-        run_id = h.run(e)
-        claimed = h.claim(run_id, e)
+        run_id, e, claimed = h.claim_first()
         gate = Gate(
             kind=GateKind.CONTEXT_GAP, owner="noa.bar@fabrikam.test", since=clock.now(), reason="r"
         )
@@ -242,9 +239,7 @@ class ClaimsContract(StoreContract):
     def test_a_terminal_report_with_an_open_gate_is_rewritten_and_never_closes_the_task(
         self, h: Harness, clock: FrozenClock
     ) -> None:
-        e = env(1, 1)
-        run_id = h.run(e)
-        claimed = h.claim(run_id, e)
+        run_id, e, claimed = h.claim_first()
         gate = Gate(
             kind=GateKind.INTERNAL_APPROVAL,
             owner="noa.bar@fabrikam.test",
@@ -268,11 +263,7 @@ class ClaimsContract(StoreContract):
     def test_a_finished_retry_goes_straight_to_a_state_the_table_allows(
         self, h: Harness, clock: FrozenClock
     ) -> None:
-        first, second = env(1, 1), env(2, 1, in_reply_to="<m1@example.test>")
-        r1 = h.run(first)
-        task = h.claim(r1, first).task
-        h.report(r1, first)
-        assert task is not None
+        task, second = reported_task_and_reply(h)
         for state in (TaskState.DRAFT_READY, TaskState.APPROVED_TO_SEND):
             h.store.transition_task(task.task_id, state, "work", clock.now())
         r2 = h.run(second)
@@ -292,11 +283,7 @@ class ClaimsContract(StoreContract):
     def test_a_retry_is_recorded_whatever_state_the_task_waits_in(
         self, h: Harness, clock: FrozenClock
     ) -> None:
-        first, second = env(1, 1), env(2, 1, in_reply_to="<m1@example.test>")
-        r1 = h.run(first)
-        task = h.claim(r1, first).task
-        h.report(r1, first)
-        assert task is not None
+        task, second = reported_task_and_reply(h)
         h.store.transition_task(task.task_id, TaskState.WAITING_CLIENT, "asked", clock.now())
         r2 = h.run(second)
         h.claim(r2, second)

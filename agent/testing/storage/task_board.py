@@ -34,9 +34,7 @@ class TaskBoardContract(StoreContract):
     def test_transition_task_refuses_to_close_a_waiting_task(
         self, h: Harness, clock: FrozenClock
     ) -> None:
-        e = env(1, 1)
-        run_id = h.run(e)
-        claimed = h.claim(run_id, e)
+        run_id, e, claimed = h.claim_first()
         h.report(run_id, e)
         assert claimed.task is not None
         h.store.transition_task(
