@@ -123,7 +123,7 @@ def wait_for_lock_wait(url: str, waiting: threading.Thread) -> None:
             ).fetchone()
             if row is not None and row[0] > 0:
                 return
-            time.sleep(0.01)
+            waiting.join(timeout=0.01)  # between looks, wait on the racer itself
     pytest.fail("the racing claim never waited on the other worker's lock")
 
 
