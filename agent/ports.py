@@ -3,29 +3,32 @@ and the contract suites every adapter runs.
 
 - ``Clock``: the time.
 - ``MailProvider``: one mailbox through one channel (async: every real one is network or
-  file I/O).
+  file I/O), with the capabilities it declares.
 - ``TaskBoard``: where humans see and move tasks.
 - Storage, one role per aggregate (synchronous: short transactions on an embedded or pooled
-  database): ``Registry``, ``RunLedger``, ``Claims``, ``Tasks``, ``SendLedger``, ``Drafts``,
-  ``Proposals``, ``Health``, ``Inspect``; ``Store`` is all of them on one database, and
-  ``EmbeddedStore`` a store that is the task board too.
-- ``Vault``: secrets for managed login.
+  database): ``Registry``, ``RunLedger``, ``ThreadAliases``, ``Claims``, ``Tasks``,
+  ``SendLedger``, ``Drafts``, ``Proposals``, ``Health``, ``Inspect``; ``Store`` is all of
+  them on one database, and ``EmbeddedStore`` a store that is the task board too.
+- ``Credentials`` and ``Vault``: secrets for managed login, as opaque ``Secret`` values.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import Callable, Sequence
 from datetime import datetime
 from typing import Protocol, runtime_checkable
 
 from agent.domain.dispositions import Disposition
 from agent.domain.execution import ExecutionRecord, ExecutionState
 from agent.domain.mail import (
+    AttachmentData,
+    Capabilities,
+    ChangePage,
     Handover,
+    Marker,
     MessageBody,
     OutgoingMessage,
     ProviderHealth,
-    ScannedMessage,
     SendResult,
     StoredCopy,
 )
@@ -39,13 +42,17 @@ from agent.domain.records import (
     HealthRecord,
     LearningProposal,
     ReportRequest,
+    SendAttempt,
+    SendEvent,
     SendIntent,
     SendRecord,
+    SendState,
     TaskAmendment,
     TaskDraft,
     WorkspaceRow,
 )
-from agent.domain.run import LedgerEntry, OpenRun, Reconciliation
+from agent.domain.run import LedgerEntry, MailboxCursor, OpenRun, Reconciliation, ThreadLink
+from agent.domain.secrets import CredentialRef, Secret
 from agent.domain.states import TaskState
 from agent.domain.task import Task
 
@@ -58,9 +65,13 @@ class Clock(Protocol):
 
 @runtime_checkable
 class MailProvider(Protocol):
-    """One mailbox at one provider. It normalizes and moves mail; it decides nothing.
+    """One mailbox through one channel. It normalizes and moves mail; it decides nothing.
 
-    A provider never stores workflow state: no labels, flags, folders or moves.
+    ``provider`` is the mailbox's mail system (google, microsoft, imap, maildir), the same
+    through every channel; ``capabilities`` say what this channel can do (an adapter
+    implements everything, and declares what its provider cannot). A channel never stores
+    workflow state: no labels, flags, keywords, folders or moves, except what sending
+    itself leaves (the sent copy). Failures are ``ProviderError`` subclasses.
     """
 
     @property
@@ -69,27 +80,44 @@ class MailProvider(Protocol):
     @property
     def mailbox_id(self) -> str: ...
 
-    def scan(self) -> AsyncIterator[ScannedMessage]:
-        """Every message currently in the inbox, normalized to the canonical envelope."""
+    @property
+    def capabilities(self) -> Capabilities: ...
+
+    async def changes(self, cursor: str | None) -> ChangePage:
+        """One page of the inbox's messages that arrived since ``cursor`` (None: from the
+        start), normalized to the canonical envelope. Raises ``CursorExpired`` when the
+        cursor can no longer be used (the caller reads again from None)."""
         ...
 
     async def fetch_body(self, body_ref: str) -> MessageBody: ...
 
+    async def fetch_attachment(self, ref: str) -> AttachmentData:
+        """An inbound attachment's bytes, by the reference its envelope gave."""
+        ...
+
     async def prepare(self, message: OutgoingMessage) -> Handover:
-        """The exact form this channel would hand ``message`` over in (MIME bytes, and any
-        recipient lists it passes beside them). Nothing is sent."""
+        """The exact form this channel would hand ``message`` over in (MIME bytes, any
+        recipient lists it passes beside them, and the marker its sent copy will carry).
+        Nothing is sent. A reply goes to the parent ``message.in_reply_to`` names, to
+        exactly the recipients ``message`` lists."""
         ...
 
     async def send(self, handover: Handover) -> SendResult:
         """Hand over exactly ``handover`` (which the core has checked against the plan),
-        inside the original thread. ``delivered`` says whether it reached anyone."""
+        inside the original thread. ``OutcomeUnknown`` when it was handed over and the
+        answer was lost."""
         ...
 
-    async def read_back(self, internet_message_id: str) -> StoredCopy | None:
-        """The provider's stored copy of a sent message, or None if it has none."""
+    async def find_sent(self, marker: Marker) -> StoredCopy | None:
+        """The sent copy carrying ``marker`` as the provider stores it (the read-back), or
+        None if no copy is searchable now."""
         ...
 
     async def health(self) -> ProviderHealth: ...
+
+    async def aclose(self) -> None:
+        """Release the channel's connections (calling it twice is harmless)."""
+        ...
 
 
 class TaskBoard(Protocol):
@@ -142,7 +170,24 @@ class RunLedger(Protocol):
         """The scope's runs that were never reconciled, oldest first."""
         ...
 
-    def record_scanned(self, entries: Sequence[LedgerEntry], now: datetime) -> None: ...
+    def record_scanned(
+        self, entries: Sequence[LedgerEntry], now: datetime, cursor: MailboxCursor | None = None
+    ) -> None:
+        """Record scanned items, and advance ``cursor`` past them in the same transaction."""
+        ...
+
+    def get_cursor(self, scope: str, provider: str, mailbox_id: str, channel: str) -> str | None:
+        """The scope's persisted cursor for the mailbox through the channel (None: none)."""
+        ...
+
+    def clear_cursor(self, scope: str, provider: str, mailbox_id: str, channel: str) -> None:
+        """Forget the cursor (it expired: the next read starts from the beginning)."""
+        ...
+
+    def run_holder(self, run_id: str) -> OpenRun | None:
+        """The run's holder and lease while it is open; None once reconciled or unknown."""
+        ...
+
     def record_disposition(
         self, run_id: str, item_ref: str, disposition: Disposition, detail: str, now: datetime
     ) -> None: ...
@@ -160,6 +205,21 @@ class RunLedger(Protocol):
 
     def list_runs(self) -> list[str]: ...
     def run_summary(self, run_id: str) -> Reconciliation | None: ...
+
+
+class ThreadAliases(Protocol):
+    """Threads of mail systems whose channels show no common thread id: a thread is named
+    by an alias kept per mailbox, reached from any Message-ID of the thread."""
+
+    def resolve_thread(self, provider: str, mailbox_id: str, link: ThreadLink) -> str:
+        """The alias of the thread ``link.message_id`` belongs to: its own alias if the id is
+        this message's (the same ``identity``, or only referenced so far); else the alias
+        of the first of ``link.related`` that has one and is no reused id; else
+        ``link.if_reused`` when another message carries this id or the related ids it names
+        are reused (a reused id is nobody's parent), else ``link.proposed``. The message (and
+        every related id without one) keeps that alias; of concurrent callers the first to
+        record wins."""
+        ...
 
 
 class Claims(Protocol):
@@ -180,6 +240,15 @@ class Claims(Protocol):
         ...
 
     def list_executions(self, state: ExecutionState | None = None) -> list[ExecutionRecord]: ...
+    def reclaimable(
+        self, scope: str, now: datetime, holder_alive: Callable[[str], bool]
+    ) -> list[LedgerEntry]:
+        """The scope's unfinished occurrences a claim may take over now (a retry that is
+        due, a claim whose lease ran out or whose holder is dead), each as the item its last
+        claim was made for: what a run takes up again, since no mailbox read brings them
+        back."""
+        ...
+
     def list_escalations(self, scope: str | None = None) -> list[Escalation]: ...
 
 
@@ -207,14 +276,59 @@ class SendLedger(Protocol):
         recipient in 24 hours."""
         ...
 
-    def take_over_send(self, key: str, previous_holder: str, holder: str, now: datetime) -> bool:
-        """Make ``holder`` the sender of an unfinished intent still held by
-        ``previous_holder`` (compare-and-set: of several workers, one wins)."""
+    def take_over_send(
+        self,
+        key: str,
+        previous_holder: str,
+        holder: str,
+        now: datetime,
+        state: SendState | None = None,
+        attempts: int | None = None,
+    ) -> bool:
+        """Make ``holder`` the sender of an unfinished send still held by
+        ``previous_holder`` and, when given, still in ``state`` after ``attempts`` attempts
+        (compare-and-set on what the taker decided from: of several workers, one wins, and
+        a holder that moved on since keeps its send)."""
+        ...
+
+    def attempt_send(
+        self, key: str, holder: str, attempt: SendAttempt, now: datetime
+    ) -> SendRecord | None:
+        """Record that ``holder`` hands the send to ``attempt.channel`` now (ATTEMPTING),
+        from PREPARED, or from UNCERTAIN once the caller proved no copy exists. None, and
+        nothing written, when the send is not the holder's or not in one of those states."""
+        ...
+
+    def mark_uncertain(self, key: str, holder: str, detail: str, now: datetime) -> SendRecord:
+        """The holder's attempt was handed over and its answer lost (UNCERTAIN)."""
         ...
 
     def complete_send(
-        self, key: str, provider_message_id: str, detail: str, now: datetime
-    ) -> SendRecord: ...
+        self,
+        key: str,
+        provider_message_id: str,
+        detail: str,
+        now: datetime,
+        refused: Sequence[tuple[str, str]] = (),
+    ) -> SendRecord:
+        """The send went out (CONFIRMED); ``refused`` names recipients it did not reach."""
+        ...
+
+    def hand_to_person(self, key: str, reason: str, now: datetime) -> SendRecord:
+        """No channel can settle the send: a person decides (WITH_PERSON)."""
+        ...
+
+    def settle_send(
+        self, key: str, sent: bool, evidence: str, actor: str, now: datetime
+    ) -> SendRecord:
+        """A person's word on an unsettled send: sent (CONFIRMED), or not sent (PREPARED,
+        allowing one more attempt). Audited with the evidence."""
+        ...
+
+    def send_events(self, key: str) -> list[SendEvent]:
+        """Every recorded change of the send, oldest first."""
+        ...
+
     def get_send(self, key: str) -> SendRecord | None: ...
     def list_sends(self, workspace_id: str) -> list[SendRecord]: ...
 
@@ -255,7 +369,17 @@ class Inspect(Protocol):
 
 
 class Store(
-    Registry, RunLedger, Claims, Tasks, SendLedger, Drafts, Proposals, Health, Inspect, Protocol
+    Registry,
+    RunLedger,
+    ThreadAliases,
+    Claims,
+    Tasks,
+    SendLedger,
+    Drafts,
+    Proposals,
+    Health,
+    Inspect,
+    Protocol,
 ):
     """Every storage role on one database: what a backend implements and the composition
     root opens. Services ask for the roles they use, never for this."""
@@ -268,7 +392,29 @@ class EmbeddedStore(Store, TaskBoard, Protocol):
     SQLite and PostgreSQL backends are."""
 
 
-class Vault(Protocol):
-    """Secrets for managed login. Values never leave the implementation's package."""
+class Credentials(Protocol):
+    """Where an adapter's authentication call gets a secret. The core only passes
+    references and opaque ``Secret`` values; it never unwraps one."""
 
-    def has_secret(self, workspace_id: str, name: str) -> bool: ...
+    def secret(self, ref: CredentialRef) -> Secret:
+        """The secret, or ``ContextError`` naming the missing reference (never a value)."""
+        ...
+
+    def has_secret(self, ref: CredentialRef) -> bool:
+        """Whether a secret is stored for ``ref``, answered without reading its value."""
+        ...
+
+
+class Vault(Credentials, Protocol):
+    """The operator's store of secrets (``outloop vault``). Values enter only from a hidden
+    prompt or stdin and are never listed: the vault keeps an index of names only."""
+
+    def set_secret(self, ref: CredentialRef, value: Secret) -> None: ...
+
+    def delete_secret(self, ref: CredentialRef) -> bool:
+        """Forget the secret; False when there was none."""
+        ...
+
+    def list_refs(self, workspace_id: str | None = None) -> list[CredentialRef]:
+        """The stored references (of one workspace if given), sorted; never a value."""
+        ...

@@ -14,26 +14,38 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from agent.domain.context import MailboxBinding
-from agent.domain.errors import ProviderError
-from agent.ports import EmbeddedStore, MailProvider, TaskBoard
+from agent.domain.errors import ContextError, ProviderError
+from agent.domain.mail import Channel
+from agent.domain.secrets import Secret
+from agent.ports import EmbeddedStore, MailProvider, TaskBoard, Vault
 from agent.providers.maildir import MaildirProvider
 from agent.services.intake import ProviderFactory
 from agent.services.workspaces import DataDir
 from agent.storage.backend import DATABASE_URL_SETTING, open_store
+from managed_login import vault
 
 DATA_DIR_ENV = "OUTLOOP_DATA_DIR"
 XDG_DATA_HOME_ENV = "XDG_DATA_HOME"
 MCP_TOKEN_ENV = "OUTLOOP_MCP_TOKEN"  # noqa: S105 - the name of the variable, not a token
 CRASHPOINT_ENV = "OUTLOOP_CRASHPOINT"
+VAULT_DIR_ENV = "OUTLOOP_VAULT_DIR"
+VAULT_BACKEND_ENV = "OUTLOOP_VAULT_BACKEND"
+VAULT_KEY_FILE_ENV = "OUTLOOP_VAULT_KEY_FILE"
+VAULT_KEY_ENV = "OUTLOOP_VAULT_KEY"
 
 __all__ = [
     "CRASHPOINT_ENV",
     "DATABASE_URL_SETTING",
     "DATA_DIR_ENV",
     "MCP_TOKEN_ENV",
+    "VAULT_BACKEND_ENV",
+    "VAULT_DIR_ENV",
+    "VAULT_KEY_ENV",
+    "VAULT_KEY_FILE_ENV",
     "Settings",
     "Station",
     "open_station",
+    "open_vault",
     "provider_for",
     "read_settings",
 ]
@@ -51,6 +63,22 @@ class Settings:
     """OUTLOOP_MCP_TOKEN: the bearer token the HTTP transport requires. Never shown."""
     crashpoint: str | None = None
     """OUTLOOP_CRASHPOINT: the crash point a crash test arms (``name`` or ``name:skip``)."""
+    vault_dir: Path | None = None
+    """OUTLOOP_VAULT_DIR: the vault's directory (unset: ``vault`` in the data directory)."""
+    vault_backend: str = "file"
+    """OUTLOOP_VAULT_BACKEND: ``file``, the encrypted file (needs a key), or ``plain``, an
+    unencrypted file for tests and throwaway demo vaults."""
+    vault_key_file: Path | None = None
+    """OUTLOOP_VAULT_KEY_FILE: the file holding the encrypted vault's key (read when the
+    vault is opened)."""
+    vault_key: Secret | None = field(default=None, repr=False)
+    """OUTLOOP_VAULT_KEY: the encrypted vault's key itself, when no key file is given. Never
+    shown."""
+
+    @property
+    def vault_directory(self) -> Path:
+        """Where the vault lives: OUTLOOP_VAULT_DIR, else ``<data_dir>/vault``."""
+        return self.vault_dir if self.vault_dir is not None else self.data_dir / "vault"
 
 
 def read_settings(
@@ -66,6 +94,10 @@ def read_settings(
         database_url=env.get(DATABASE_URL_SETTING) or None,
         mcp_token=env.get(MCP_TOKEN_ENV) or None,
         crashpoint=env.get(CRASHPOINT_ENV) or None,
+        vault_dir=Path(env[VAULT_DIR_ENV]) if env.get(VAULT_DIR_ENV) else None,
+        vault_backend=env.get(VAULT_BACKEND_ENV) or "file",
+        vault_key_file=Path(env[VAULT_KEY_FILE_ENV]) if env.get(VAULT_KEY_FILE_ENV) else None,
+        vault_key=Secret(env[VAULT_KEY_ENV]) if env.get(VAULT_KEY_ENV) else None,
     )
 
 
@@ -106,12 +138,61 @@ def open_station(settings: Settings) -> Station:
     return Station(data_dir=data_dir, store=store, provider_for=provider_for)
 
 
+def open_vault(settings: Settings) -> Vault:
+    """The vault the settings select: the encrypted file (OUTLOOP_VAULT_BACKEND=file, the
+    default) opened with the key from OUTLOOP_VAULT_KEY_FILE or OUTLOOP_VAULT_KEY, or the
+    plain file (``plain``). Each missing or conflicting setting fails naming the variable
+    that fixes it; a wrong key fails here, before anything is read."""
+    backend = _vault_backend(settings.vault_backend)
+    return vault.open_vault(settings.vault_directory, backend, _vault_key(settings, backend))
+
+
+def _vault_backend(name: str) -> vault.Backend:
+    for backend in vault.BACKENDS:
+        if backend == name:
+            return backend
+    raise ContextError(
+        f"{VAULT_BACKEND_ENV} is {name!r}; use 'file' (encrypted, with a key) or 'plain' "
+        "(unencrypted, for tests and throwaway demo vaults)"
+    )
+
+
+def _vault_key(settings: Settings, backend: vault.Backend) -> Secret | None:
+    """The key the backend needs (none for ``plain``), from the one place it was given."""
+    key_file, key = settings.vault_key_file, settings.vault_key
+    if key_file is not None and key is not None:
+        raise ContextError(
+            f"both {VAULT_KEY_FILE_ENV} and {VAULT_KEY_ENV} are set; unset one "
+            f"({VAULT_KEY_FILE_ENV} keeps the key out of every process's environment)"
+        )
+    if backend == "plain":
+        if key_file is not None or key is not None:
+            raise ContextError(
+                f"{VAULT_BACKEND_ENV} is 'plain' (unencrypted) but a vault key is set; "
+                f"unset {VAULT_KEY_FILE_ENV} and {VAULT_KEY_ENV}, or use the 'file' backend"
+            )
+        return None
+    if key_file is not None:
+        return vault.read_key_file(key_file)
+    if key is not None:
+        return key
+    raise ContextError(
+        f"the encrypted vault needs its key: write it to a file only you can read and set "
+        f"{VAULT_KEY_FILE_ENV} to its path (or set {VAULT_KEY_ENV}); for a throwaway demo "
+        f"vault set {VAULT_BACKEND_ENV}=plain"
+    )
+
+
 def provider_for(binding: MailboxBinding) -> MailProvider:
-    """The adapter for one mailbox binding of a Workspace Context."""
-    if binding.provider == "maildir":
-        assert binding.path is not None  # the context model requires it
-        return MaildirProvider(Path(binding.path), binding.mailbox_id)
+    """The channel a mailbox binding is read and sent through: the first of its permitted
+    channels, in the canonical order, that an installed adapter reaches."""
+    for channel in binding.permitted_channels:
+        if binding.provider == "maildir" and channel is Channel.LOCAL:
+            assert binding.path is not None  # the context model requires it
+            return MaildirProvider(Path(binding.path), binding.mailbox_id)
     raise ProviderError(
-        f"mailbox {binding.mailbox_id}: no adapter for provider {binding.provider!r} is "
-        "installed in this version; the embedded provider is 'maildir' (with a path)"
+        f"mailbox {binding.mailbox_id}: no installed adapter reaches mail system "
+        f"{binding.provider!r} through its permitted channels "
+        f"({', '.join(binding.permitted_channels)}); this version has the embedded 'maildir' "
+        "(local files, with a path)"
     )

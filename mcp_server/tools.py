@@ -216,10 +216,18 @@ async def intake_tool(
         Address, Field(description="the mailbox to scan, as its context binds it")
     ],
     ctx: Context,
+    from_start: Annotated[
+        bool,
+        Field(
+            description="read the whole mailbox again instead of only what arrived since the "
+            "last intake (a replay: finished items come back as EXECUTION_ALREADY_DONE)"
+        ),
+    ] = False,
 ) -> IntakeResult:
-    """Scan one mailbox: read every message, normalize it, resolve its workspace from the
-    registry, derive its occurrence key and record it in a new run's ledger. Call this first.
-    It claims nothing and creates no task: call claim for each returned item, oldest first,
+    """Scan one mailbox: read what arrived since the last intake (and any item a stopped
+    worker's run left unclaimed), normalize it, resolve its workspace from the registry,
+    derive its occurrence key and record it in a new run's ledger. Call this first. It
+    claims nothing and creates no task: call claim for each returned item, oldest first,
     then reconcile the run. Refuses a mailbox no registered workspace binds."""
     rt = runtime_of(ctx)
     store = rt.station.store
@@ -238,6 +246,7 @@ async def intake_tool(
                 provider_for=rt.provider_for,
                 clock=rt.clock,
                 mailbox_ids=frozenset({wanted}),
+                from_start=from_start,
             )
             rt.keep_run(run)
             runs.append(run.run_id)
@@ -305,7 +314,7 @@ async def claim_tool(
         failed = rt.failed_claims.get((run_id, item_ref))
         if failed is not None:
             raise ToolError(failed)
-        run, index = _scanned_item(rt, run_id, item_ref)
+        run, index = await _scanned_item(rt, run_id, item_ref)
         with mapped_errors():
             outcome = await intake.claim_item(run, index, rt.clock)
             intake.flush(run, rt.clock)
@@ -344,15 +353,20 @@ async def _claimed_again(rt: Runtime, run_id: str, item_ref: str, known: ClaimVi
     return await _with_message(rt, run, index, known)
 
 
-def _scanned_item(rt: Runtime, run_id: str, item_ref: str) -> tuple[intake.Scan, int]:
-    """The open run and the item's place in it."""
+async def _scanned_item(rt: Runtime, run_id: str, item_ref: str) -> tuple[intake.Scan, int]:
+    """The open run and the item's place in it. A run another server (or this one before a
+    restart) scanned is read from the store: any worker may claim any item of an open run."""
     run = rt.runs.get(run_id)
     if run is None:
-        raise ToolError(
-            f"run {run_id} is not open in this server (it was reconciled, ran in another "
-            "process, or the server restarted); call intake again - the new run claims "
-            "what this one did not"
-        )
+        with mapped_errors():
+            run = await intake.resume(
+                store=rt.station.store,
+                data_dir=rt.station.data_dir,
+                run_id=run_id,
+                provider_for=rt.provider_for,
+                clock=rt.clock,
+            )
+        rt.keep_run(run)
     index = run.index_of(item_ref)
     if index is None:
         raise ToolError(
@@ -692,7 +706,7 @@ async def reconcile_tool(run_id: Id, ctx: Context) -> ReconciliationView:
     async with rt.serialized("run", run_id):
         with mapped_errors():
             run = rt.runs.get(run_id)
-            if run is not None:
+            if run is not None and run.owns_run:
                 result = await intake.finish(run, rt.clock)
                 rt.forget_run(run_id)
                 rec, reminders = result.reconciliation, result.reminders

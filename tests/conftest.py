@@ -10,6 +10,7 @@ from typing import Any
 
 import psycopg
 import pytest
+import stamina
 from psycopg import sql
 
 from agent.ports import EmbeddedStore, MailProvider
@@ -20,7 +21,16 @@ from agent.testing import FrozenClock
 from agent.testing.contexts import context_yaml  # noqa: F401 - the tests import it from here
 from bench.pg_cluster import ThrowawayCluster
 
+# The session's leak canary: a secret planted in a vault and looked for everywhere else.
+pytest_plugins = ["tests.leak_canary"]
+
 _cluster: ThrowawayCluster | None = None
+
+
+def pytest_configure() -> None:
+    # Declared retries (agent/providers/retry.py) make one attempt and never wait in tests; a
+    # test of the retry rules asks for more attempts with stamina.set_testing(True, attempts=n).
+    stamina.set_testing(True)
 
 
 def pg_cluster() -> ThrowawayCluster:
@@ -136,8 +146,10 @@ async def run_intake(
     clock: FrozenClock,
     *mailboxes: MailProvider,
     holder: str | None = None,
+    from_start: bool = False,
 ) -> intake.RunResult:
-    """One intake cycle over the given mailboxes (each serves the binding with its id)."""
+    """One intake cycle over the given mailboxes (each serves the binding with its id);
+    ``from_start``: a replay of each whole mailbox, not only what arrived since."""
     by_id = {m.mailbox_id: m for m in mailboxes}
     return await intake.run_cycle(
         store=store,
@@ -146,4 +158,5 @@ async def run_intake(
         provider_for=lambda binding: by_id[binding.mailbox_id],
         clock=clock,
         holder=holder,
+        from_start=from_start,
     )

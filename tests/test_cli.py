@@ -388,12 +388,14 @@ def test_run_once_json_reconciles_a_maildir_into_one_task_per_thread(
         assert line.endswith(f"{item['item_ref']}: {item['disposition']}")
 
 
-def test_a_second_run_finds_every_item_already_done(
+def test_a_second_run_reads_nothing_new_and_a_replay_finds_every_item_already_done(
     cli: Cli, maildir_workspace: MaildirWorkspace
 ) -> None:
     assert cli("workspace", "add", "--context", maildir_workspace.context_file).returncode == 0
     first, _ = _run_json(cli)
-    second, _ = _run_json(cli)
+    nothing_new, _ = _run_json(cli)
+    assert nothing_new["items"] == [] and nothing_new["reconciliation"]["clean"] is True
+    second, _ = _run_json(cli, "--from-start")
     assert second["run_id"] != first["run_id"]
     assert [i["disposition"] for i in second["items"]] == ["EXECUTION_ALREADY_DONE"] * 3
     assert all(not i["task_created"] for i in second["items"])
@@ -502,7 +504,7 @@ def test_demo_twice_on_one_data_dir_reuses_the_workspace(cli: Cli, tmp_path: Pat
     sections = _demo(cli, root)
     assert any("already registered here; reusing it" in line for line in sections[""])
     assert not any(line.startswith("seeded ") for line in sections[""])
-    assert _table_dispositions(sections["first cycle"]) == ["EXECUTION_ALREADY_DONE"] * 6
+    assert _table_dispositions(sections["first cycle"]) == []  # nothing arrived since
     assert any(
         line.startswith("6 items, outcomes: EXECUTION_ALREADY_DONE (")
         for line in sections["replay of the same mailbox"]

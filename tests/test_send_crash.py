@@ -97,7 +97,7 @@ def test_workers_killed_around_the_provider_send_send_each_automated_message_exa
     store = world.store()
     try:
         ledger = store.list_sends(WS)
-        assert {s.state for s in ledger} == {SendState.SENT}
+        assert {s.state for s in ledger} == {SendState.CONFIRMED}
         assert len(ledger) == len(sent)
     finally:
         store.close()

@@ -14,7 +14,7 @@ from enum import StrEnum
 from pydantic import BaseModel, ConfigDict
 
 from agent.domain.context import ClientSendPolicy, WorkspaceContext
-from agent.domain.envelope import Envelope
+from agent.domain.envelope import Envelope, identity_digest
 from agent.domain.gates import preflight
 from agent.domain.recipients import build_recipients
 from agent.domain.states import TaskState
@@ -193,7 +193,10 @@ def ack_for(
     if text is None:
         return AckRefusal(reason=f"the context has no acknowledgement text in {language!r}")
     # One acknowledgement per inbound message, however many of the workspace's mailboxes
-    # received it.
-    ident = envelope.internet_message_id or f"provider:{envelope.provider_message_id}"
-    key = f"ack|{context.workspace_id}|{ident}|{envelope.content_digest[:32]}"
+    # received it and whichever channel read it.
+    if envelope.internet_message_id is not None:
+        ident = f"{envelope.internet_message_id}|{identity_digest(envelope)[:32]}"
+    else:
+        ident = f"provider:{envelope.provider_message_id}|{envelope.content_digest[:32]}"
+    key = f"ack|{context.workspace_id}|{ident}"
     return AckPlan(key=key, to=sender.address, language=language, text=text)

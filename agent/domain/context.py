@@ -16,6 +16,8 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from agent.domain.errors import ContextError
+from agent.domain.mail import CANONICAL_ORDER, Channel
+from agent.domain.secrets import NAME_PATTERN
 
 WORKSPACE_ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{1,63}$")
 WEEKDAYS = ("mon", "tue", "wed", "thu", "fri", "sat", "sun")
@@ -32,8 +34,20 @@ class _Model(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
 
+DEFAULT_CHANNELS: dict[str, tuple[Channel, ...]] = {
+    "maildir": (Channel.LOCAL,),
+    "imap": (Channel.IMAP,),
+}
+"""The channel a mailbox of these mail systems is reached by when its context names none;
+any other mail system defaults to its API."""
+
+
 class MailboxBinding(_Model):
-    """One mailbox this workspace reads. A shared mailbox binds items by exact rules."""
+    """One mailbox this workspace reads. A shared mailbox binds items by exact rules.
+
+    ``provider`` is the mail system (google, microsoft, imap, maildir); ``channels`` the
+    ways it may be reached, always in the canonical order (API, provider MCP, browser).
+    """
 
     mailbox_id: str
     provider: str
@@ -42,6 +56,46 @@ class MailboxBinding(_Model):
     bind_to: tuple[str, ...] = Field(
         default=(), description="exact recipient addresses that bind an item of a shared mailbox"
     )
+    channels: tuple[Channel, ...] = Field(
+        default=(),
+        description="the permitted channels, in the canonical order (default: the mail "
+        "system's API, or local files for a Maildir)",
+    )
+    reads_after_refusal: bool = Field(
+        default=False,
+        description="reads and evidence collection may go on after a channel explicitly "
+        "refused (seed 000 s.9: only if separately authorized)",
+    )
+    credentials: tuple[str, ...] = Field(
+        default=(),
+        description="names of this mailbox's secrets in the vault (values never appear here)",
+    )
+
+    @field_validator("channels")
+    @classmethod
+    def _canonical_order(cls, value: tuple[Channel, ...]) -> tuple[Channel, ...]:
+        if len(set(value)) != len(value):
+            raise ValueError("each channel may be listed once")
+        ordered = tuple(sorted(value, key=CANONICAL_ORDER.index))
+        if ordered != value:
+            raise ValueError(
+                f"channels are tried in the canonical order {', '.join(CANONICAL_ORDER)}; "
+                f"list them as [{', '.join(ordered)}]"
+            )
+        return value
+
+    @field_validator("credentials")
+    @classmethod
+    def _names(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        for name in value:
+            if not re.fullmatch(NAME_PATTERN, name):
+                raise ValueError(f"credential name {name!r}: letters, digits, '_', '.', '-'")
+        return value
+
+    @property
+    def permitted_channels(self) -> tuple[Channel, ...]:
+        """The channels to try, in order."""
+        return self.channels or DEFAULT_CHANNELS.get(self.provider, (Channel.API,))
 
     @field_validator("mailbox_id")
     @classmethod

@@ -1,14 +1,22 @@
 """The canonical provider envelope and the keys derived from it.
 
-Every provider adapter produces the same envelope. Thread identity is provider-native:
-``work_key = workspace_id + provider + mailbox_id + provider_thread_id``. Message-ID,
-In-Reply-To and References are kept only for exact secondary linkage; subject, sender
-similarity and timing never link messages.
+Every channel adapter produces the same envelope, and the keys are built only from what
+every channel of a mail system gives (docs/lifecycle.md, "Keys"):
+
+- ``provider`` is the mail system (google, microsoft, imap, maildir), never the channel;
+- a message occurrence is its Message-ID plus a digest of channel-independent header
+  fields (sender address and Date), never a UID, an item id or a body digest;
+- ``work_key = workspace_id + provider + mailbox_id + thread``, where the thread is the mail
+  system's own thread id when every channel shows it, else an alias the store keeps,
+  reached from the Message-IDs of the thread (In-Reply-To and References).
+
+Subject, sender similarity and timing never link messages.
 """
 
 from __future__ import annotations
 
 import hashlib
+import unicodedata
 from datetime import datetime
 from enum import StrEnum
 
@@ -74,6 +82,8 @@ class Envelope(BaseModel):
     in_reply_to: str | None = None
     references: tuple[str, ...] = ()
     received_at: datetime
+    sent_at: datetime | None = None
+    """The message's own Date header (the same through every channel), if readable."""
     sender: Address = Field(
         validation_alias=AliasChoices("sender", "from"), serialization_alias="from"
     )
@@ -118,11 +128,11 @@ class Envelope(BaseModel):
     def _subject_one_line(cls, value: str) -> str:
         return one_line(value)
 
-    @field_validator("received_at")
+    @field_validator("received_at", "sent_at")
     @classmethod
-    def _aware(cls, value: datetime) -> datetime:
-        if value.tzinfo is None:
-            raise ValueError("received_at must be timezone-aware")
+    def _aware(cls, value: datetime | None) -> datetime | None:
+        if value is not None and value.tzinfo is None:
+            raise ValueError("received_at and sent_at must be timezone-aware")
         return value
 
 
@@ -154,20 +164,58 @@ def work_key(workspace_id: str, envelope: Envelope) -> str:
     )
 
 
+def identity_digest(envelope: Envelope) -> str:
+    """A digest of the header fields every channel of a mail system shows alike: the sender
+    address, the Date header (to the second, in UTC) and the subject (its words, however a
+    channel wraps or spaces them). Never the body: each channel renders it differently."""
+    sent = envelope.sent_at
+    stamp = "" if sent is None else str(int(sent.timestamp()))
+    subject = " ".join(unicodedata.normalize("NFC", envelope.subject).split())
+    return content_digest("identity-v2", envelope.sender.address, stamp, subject)
+
+
 def occurrence_key(
     scope_owner: str, envelope: Envelope, scope: OccurrenceScope = OccurrenceScope.MESSAGE
 ) -> str:
     """The key claimed for one occurrence.
 
     ``scope_owner`` is the workspace id, or the station's own scope for items no workspace
-    owns. A message occurrence is identified by its Message-ID plus a digest of its content,
-    so the same message delivered twice is one occurrence while two different messages that
-    share a Message-ID stay two. Without a Message-ID the provider's message id stands in.
+    owns. A message occurrence is its Message-ID plus the identity digest, so the same
+    message read twice, or through another channel of the mail system, is one occurrence,
+    while two different messages that share a Message-ID stay two. Without a Message-ID the
+    channel's own message id and content digest stand in (such a message is one occurrence
+    per channel: nothing else identifies it).
     """
     base = (scope_owner, envelope.provider, envelope.mailbox_id)
     if scope is OccurrenceScope.THREAD:
         return compose_key(*base, "thread", envelope.provider_thread_id)
+    if envelope.internet_message_id is None:
+        ident = f"provider:{envelope.provider_message_id}"
+        return compose_key(*base, "message", ident, envelope.content_digest[:32])
+    return compose_key(
+        *base, "message-v2", envelope.internet_message_id, identity_digest(envelope)[:32]
+    )
+
+
+def thread_alias(root: str) -> str:
+    """The alias a thread is first named by: a digest of the Message-ID it started from."""
+    return "mt-" + hashlib.sha256(root.encode("utf-8", "surrogateescape")).hexdigest()[:20]
+
+
+def proposed_thread(envelope: Envelope) -> str:
+    """The alias a message proposes for its thread when no message of it has one yet: named
+    by the first message its References name (the conversation's start), else the one it
+    answers, else itself. Without any Message-ID the channel's thread id stands."""
+    refs = envelope.references
+    root = refs[0] if refs else envelope.in_reply_to or envelope.internet_message_id
+    return envelope.provider_thread_id if root is None else thread_alias(root)
+
+
+def legacy_occurrence_key(scope_owner: str, envelope: Envelope) -> str:
+    """The message occurrence key of stores written before keys were channel-independent
+    (Message-ID plus a digest of the message's bytes). Items recorded under it keep it."""
     ident = envelope.internet_message_id or f"provider:{envelope.provider_message_id}"
+    base = (scope_owner, envelope.provider, envelope.mailbox_id)
     return compose_key(*base, "message", ident, envelope.content_digest[:32])
 
 

@@ -13,7 +13,16 @@
     |   +-- UnknownSend         no send with that id (``send_id``)
     +-- StoreError              the store could not complete an operation
     |   +-- ClaimLost           a report from a holder that no longer holds the claim
-    +-- ProviderError           a mail provider failed; adapters translate vendor errors into it
+    |   +-- SendStateConflict   a send ledger change the send's state or holder does not allow
+    +-- ProviderError           a mail channel failed; adapters translate vendor errors into it
+    |   +-- AuthenticationExpired   the channel's sign-in or token is no longer valid
+    |   +-- Throttled               the provider asks us to slow down (``retry_after`` seconds)
+    |   +-- TransientFailure        a failure that may pass (network, 5xx); retried with a bound
+    |   |   +-- OutcomeUnknown      a send was handed over and its answer was lost
+    |   +-- NotFound                the message, attachment or folder is not there
+    |   +-- AccessRefused           the provider or a policy refuses this (never routed around)
+    |   +-- CursorExpired           the change cursor is no longer valid: resync in full
+    |   +-- Unsupported             the channel cannot do this at all (its capabilities say so)
     +-- GateRefused             a send the gate or policy does not allow now
     |   +-- HandoverRefused     a channel would be handed other than the plan (``problems``)
     |   +-- UnfinishedSend      the draft's send to others is unfinished (``send``; replies.py)
@@ -95,8 +104,66 @@ class ClaimLost(StoreError):
     """A report from a holder whose claim was taken over (its lease expired)."""
 
 
+class SendStateConflict(StoreError):
+    """A change of a ledgered send that its current state or holder does not allow (an
+    attempt by a worker that no longer holds the send, settling a send that is not
+    unsettled). Nothing was changed; ``key``, ``state`` and ``holder`` say what the send is
+    now."""
+
+    def __init__(self, key: str, state: str, holder: str, action: str, allowed: str) -> None:
+        super().__init__(
+            f"send {key} is {state} (held by {holder or 'nobody'}); {action} is allowed only "
+            f"{allowed}. Nothing was changed"
+        )
+        self.key = key
+        self.state = state
+        self.holder = holder
+
+
 class ProviderError(OutloopError):
-    """A mail provider operation failed."""
+    """A mail channel operation failed. Adapters raise one of the subclasses when they can
+    tell which; a plain ProviderError is a failure of unknown kind (never retried)."""
+
+
+class AuthenticationExpired(ProviderError):
+    """The channel's sign-in, session or token is no longer valid: sign in again."""
+
+
+class Throttled(ProviderError):
+    """The provider asks for fewer requests; ``retry_after`` is its wait in seconds, when
+    it named one."""
+
+    def __init__(self, message: str, retry_after: float | None = None) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
+class TransientFailure(ProviderError):
+    """A failure that may pass by itself (a dropped connection, a 5xx answer)."""
+
+
+class OutcomeUnknown(TransientFailure):
+    """A send was handed to the channel and its answer was lost: it may have gone out. It
+    is settled from the sent copies, never by sending again blind."""
+
+
+class NotFound(ProviderError):
+    """The message, attachment or folder named is not in the mailbox."""
+
+
+class AccessRefused(ProviderError):
+    """The provider, an administrator's policy or the context refuses this operation.
+    Never retried and never routed around through another channel."""
+
+
+class CursorExpired(ProviderError):
+    """The persisted change cursor is no longer valid (expired, or the folder was rebuilt):
+    the mailbox is read again in full, and occurrence keys keep that from recording
+    anything twice."""
+
+
+class Unsupported(ProviderError):
+    """The channel cannot do this at all; its capabilities say so."""
 
 
 class GateRefused(OutloopError):
@@ -111,7 +178,7 @@ class HandoverRefused(GateRefused):
         super().__init__(
             f"send {key} was refused before it reached the channel: "
             + "; ".join(problems)
-            + ". Nothing was sent; the message was not what the plan allows"
+            + ". Nothing was sent"
         )
         self.problems = problems
 

@@ -22,7 +22,7 @@ from email.message import Message
 
 from agent.domain.envelope import LINE_BREAKS
 from agent.domain.headers import ADDRESS_HEADERS, msg_ids
-from agent.domain.mail import Handover, OutgoingMessage
+from agent.domain.mail import Handover, Marker, MarkerKind, OutgoingMessage
 
 MAX_LINE = 998
 """RFC 5322 section 2.1.1: a line is at most 998 characters."""
@@ -58,7 +58,7 @@ def check_handover(handover: Handover) -> tuple[str, ...]:
     if handover.mime is None and handover.recipients is None:
         problems.append(f"channel {handover.channel} showed neither MIME nor recipients to check")
     if handover.mime is not None:
-        problems += check_mime(handover.message, handover.mime)
+        problems += check_mime(handover.message, handover.mime, handover.marker)
     if handover.recipients is not None:
         problems += _check_lists(handover.message, handover.recipients)
     if handover.envelope_recipients is not None:
@@ -115,8 +115,13 @@ def _header_lines(head: bytes) -> list[str]:
     return problems
 
 
-def check_mime(message: OutgoingMessage, mime: bytes) -> list[str]:
-    """Why these MIME bytes are not exactly ``message`` as planned (empty when they are)."""
+MARKER_HEADER = "x-outloop-send"
+"""The header a channel whose marker is a header sets (its value: the marker's)."""
+
+
+def check_mime(message: OutgoingMessage, mime: bytes, marker: Marker | None = None) -> list[str]:
+    """Why these MIME bytes are not exactly ``message`` as planned, with the ``marker``
+    header when the channel marks its copy by one (empty when they are)."""
     end = _BLANK_LINE.search(mime)
     if end is None:
         return ["the MIME has no end of its header block"]
@@ -125,13 +130,18 @@ def check_mime(message: OutgoingMessage, mime: bytes) -> list[str]:
         mime[: end.end()], headersonly=True
     )
     names = [name.lower() for name in parsed]
-    allowed = planned_headers(message) | _STRUCTURE
+    planned = planned_headers(message)
+    if marker is not None and marker.kind is MarkerKind.HEADER:
+        planned |= {MARKER_HEADER}
+        if _raw(parsed, MARKER_HEADER) not in (None, marker.value):
+            problems.append(f"header {MARKER_HEADER} is not the send's marker")
+    allowed = planned | _STRUCTURE
     for name in sorted(set(names)):
         if names.count(name) > 1:
             problems.append(f"header {name} appears {names.count(name)} times")
         if name not in allowed:
             problems.append(f"header {name} was not set by this send")
-    for name in sorted(planned_headers(message) - set(names)):
+    for name in sorted(planned - set(names)):
         problems.append(f"header {name} is missing")
     problems += _check_values(message, parsed)
     return problems

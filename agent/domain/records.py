@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import datetime, timedelta
 from enum import StrEnum
 
 from pydantic import BaseModel, ConfigDict
@@ -10,6 +10,7 @@ from pydantic import BaseModel, ConfigDict
 from agent.domain.approval import ApprovalDecision, ApprovalRequest
 from agent.domain.dispositions import Disposition, GateKind
 from agent.domain.execution import ClaimOutcome, ExecutionRecord
+from agent.domain.mail import Marker
 from agent.domain.states import TaskState
 from agent.domain.task import CommunicationState, Gate, MessageRef, NextAction, Task
 
@@ -138,11 +139,50 @@ class TaskAmendment(BaseModel):
 
 
 class SendState(StrEnum):
-    INTENT = "intent"
-    """Recorded before the provider was asked; the outcome of the send is not yet known."""
-    SENT = "sent"
+    """Where one outbound message is. The stored values of the first two are the names the
+    ledger used before the channel was recorded, so old rows read as they were."""
+
+    PREPARED = "intent"
+    """Ledgered, never handed to a channel (or a person said it was not sent)."""
+    ATTEMPTING = "attempting"
+    """Being handed to ``channel`` now; if its worker dies here the outcome is unknown."""
+    UNCERTAIN = "uncertain"
+    """Handed over, and the answer was lost: settled only from the sent copies."""
+    WITH_PERSON = "with_person"
+    """The channel keeps no sent copy to settle it from: a person decides (``detail``)."""
+    CONFIRMED = "sent"
+    """The channel accepted it, or its sent copy (or a person) proved it went out."""
     REFUSED = "refused"
     """Never recorded: the per-recipient cap (or a gate) held the send back this time."""
+
+
+UNFINISHED_SENDS = frozenset({SendState.PREPARED, SendState.ATTEMPTING, SendState.UNCERTAIN})
+"""States from which the send ledger may still move a send to a channel."""
+
+
+class SendAttempt(BaseModel):
+    """One handover of a send to a channel, recorded before the channel is asked."""
+
+    model_config = ConfigDict(frozen=True)
+
+    channel: str
+    marker: Marker | None
+    """None only for a channel that keeps no sent copy (nothing could be searched for)."""
+    keeps_sent_copy: bool
+    sent_copy_latency: timedelta
+    """How long the channel's sent copy may take to become searchable."""
+
+
+class SendEvent(BaseModel):
+    """One audited change of a send (who, when, what, on what evidence)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    key: str
+    at: datetime
+    state: SendState
+    actor: str
+    detail: str
 
 
 class SendIntent(BaseModel):
@@ -162,6 +202,8 @@ class SendIntent(BaseModel):
     """The worker sending it (filled in by the sending service)."""
     cc: tuple[str, ...] = ()
     """The recipients that were Cc (the last ones of ``recipients``)."""
+    marker: Marker | None = None
+    """The mark the channel said its sent copy will carry (from ``prepare``)."""
 
 
 class SendRecord(BaseModel):
@@ -182,10 +224,32 @@ class SendRecord(BaseModel):
     created: bool = False
     """True when this call recorded the intent (False: the key was already ledgered)."""
     cc: tuple[str, ...] = ()
+    marker: Marker | None = None
+    """The mark of the last attempt's copy (or the one planned, before any attempt)."""
+    channel: str = ""
+    """The channel of the last attempt ("" before any)."""
+    attempts: int = 0
+    attempted_at: datetime | None = None
+    uncertain_at: datetime | None = None
+    """When the last attempt's outcome was found lost (its worker returned without an
+    answer, or was found dead): no acceptance of that attempt comes later."""
+    keeps_sent_copy: bool = True
+    sent_copy_latency: timedelta = timedelta(0)
+    """The last attempt's channel's declared wait until its sent copy is searchable."""
+    refused: tuple[tuple[str, str], ...] = ()
+    """Recipients the channel refused (address, reason): a partial delivery."""
+    resend_allowed: bool = False
+    """A person settled the last attempt as not sent: one more attempt may go without a
+    search of the sent copies."""
 
     @property
     def to(self) -> tuple[str, ...]:
         return self.recipients[: len(self.recipients) - len(self.cc)]
+
+    @property
+    def partial(self) -> bool:
+        """Confirmed, but some recipients were refused."""
+        return self.state is SendState.CONFIRMED and bool(self.refused)
 
 
 class WorkspaceRow(BaseModel):

@@ -1,30 +1,53 @@
 """The embedded default provider: a local Maildir, read with the standard library.
 
-New mail is read from the Maildir (``new/`` and ``cur/``); replies are written as RFC 822
-messages into its ``.Sent`` folder and read back from there. It never moves, flags or
-renames a message: the provider holds no workflow state. Its send writes an outbox copy
-only, so it never counts as a delivered client reply.
+New mail is read from the Maildir (``new/`` and ``cur/``); what we send is written as RFC 822
+messages into its ``.Sent`` folder and searched for there by its marker. It never moves,
+flags or renames a message: the provider holds no workflow state. Its send writes an outbox
+copy only, so it never counts as a delivered client reply.
+
+Changes are paged in delivery order: by each file's ctime (set when a delivery renames the
+file into ``new/``), then its key. A cursor is an opaque versioned string naming the folder
+(its inodes: a rebuilt Maildir expires every cursor), a horizon below which every file was
+read, and the few files at or above it that were read. A file that appears after a page was
+read has a ctime no earlier than the moment of reading (less a clock tick), so mail delivered
+while a reader pages is read exactly once. A message another mail program renames (marks
+read, moves from ``new/`` to ``cur/``) gets a new ctime and is read again; its occurrence key
+is the same, so the core records it once.
 
 Threading is this provider's own and uses headers only: a message joins the thread of the
 first message its References (or In-Reply-To) names, so the same conversation gets the same
-``provider_thread_id`` however its messages arrive.
+``provider_thread_id`` however its messages arrive. Every channel of a Maildir is this one,
+but the core keeps thread aliases all the same (``native_threads`` is False).
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
 import hashlib
+import json
 import mailbox
-from collections.abc import AsyncIterator
-from datetime import UTC, datetime
+import os
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from functools import partial
 from pathlib import Path
-from typing import NamedTuple
+from typing import Any, NamedTuple
 from urllib.parse import quote, unquote
 
 import anyio.to_thread
 
-from agent.domain.errors import ProviderError
+from agent.domain.errors import CursorExpired, NotFound, ProviderError, Unsupported
 from agent.domain.mail import (
+    AttachmentData,
+    Capabilities,
+    ChangePage,
+    Channel,
     Handover,
+    Marker,
+    MarkerKind,
     MessageBody,
     OutgoingMessage,
     ProviderHealth,
@@ -32,11 +55,19 @@ from agent.domain.mail import (
     SendResult,
     StoredCopy,
 )
+from agent.ports import Clock
 from agent.providers import mime, rfc822
 
 PROVIDER = "maildir"
 SENT_FOLDER = "Sent"
-CHANNEL = "maildir-outbox"
+CHANNEL = Channel.LOCAL
+MARKERS = (MarkerKind.MESSAGE_ID, MarkerKind.HEADER)
+"""What marks our copy in ``.Sent``, best first: everything we write survives there."""
+PAGE_SIZE = 100
+CURSOR_VERSION = "maildir-v1"
+SETTLE = timedelta(milliseconds=500)
+"""How far before a read a file's ctime may lie and the file still be new to that read: more
+than a clock tick (the filesystem stamps files with a coarse clock), less than mail takes."""
 
 
 def thread_id(root: str) -> str:
@@ -73,16 +104,90 @@ def _key_of(ref: str) -> str:
     if ref.startswith(_QUOTED):
         return unquote(ref.removeprefix(_QUOTED), errors="surrogateescape")
     if not ref.startswith("maildir:"):
-        raise ProviderError(f"{ref!r} is not a Maildir message reference (maildir:<key>)")
+        raise NotFound(f"{ref!r} is not a Maildir message reference (maildir:<key>)")
     return ref.removeprefix("maildir:")
 
 
-class MaildirProvider:
-    """The MailProvider port on a Maildir directory."""
+class _File(NamedTuple):
+    """One message file of the inbox, where it stands in delivery order."""
 
-    def __init__(self, path: Path, mailbox_id: str) -> None:
+    ctime_ns: int
+    key: str
+    path: Path
+
+    @property
+    def mark(self) -> tuple[int, str]:
+        return self.ctime_ns, self.key
+
+
+@dataclass(frozen=True)
+class _Cursor:
+    """Where a reader stands: every file with a ctime below ``horizon`` was read, and of the
+    files at or above it, those in ``seen``."""
+
+    folder: tuple[int, ...]
+    horizon: int
+    seen: frozenset[tuple[int, str]]
+
+    def encode(self) -> str:
+        body = {"f": list(self.folder), "h": self.horizon, "s": sorted(self.seen)}
+        packed = json.dumps(body, separators=(",", ":")).encode("ascii")
+        return f"{CURSOR_VERSION}.{base64.urlsafe_b64encode(packed).decode('ascii')}"
+
+    @staticmethod
+    def decode(text: str, folder: tuple[int, ...]) -> _Cursor:
+        version, _, packed = text.partition(".")
+        try:
+            if version != CURSOR_VERSION:
+                raise ValueError(f"version {version!r}")
+            body: dict[str, Any] = json.loads(base64.urlsafe_b64decode(packed.encode("ascii")))
+            cursor = _Cursor(
+                folder=tuple(int(n) for n in body["f"]),
+                horizon=int(body["h"]),
+                seen=frozenset((int(c), str(k)) for c, k in body["s"]),
+            )
+        except (ValueError, KeyError, TypeError, UnicodeError, binascii.Error) as exc:
+            raise CursorExpired(
+                f"{text[:40]!r} is not a cursor of this Maildir: read again"
+            ) from exc
+        if cursor.folder != folder:
+            raise CursorExpired("the Maildir was rebuilt since the cursor was given: read again")
+        return cursor
+
+    def after(self, page: list[_File], candidates: list[_File], read_at: int) -> _Cursor:
+        """The cursor past ``page``, the first of ``candidates`` (files not read before, in
+        order) read at ``read_at`` (ns)."""
+        bound = read_at - SETTLE // timedelta(microseconds=1) * 1000
+        if len(candidates) > len(page):
+            bound = min(bound, candidates[len(page)].ctime_ns)
+        horizon = max(self.horizon, bound)
+        marks = self.seen | {f.mark for f in page}
+        return _Cursor(self.folder, horizon, frozenset(m for m in marks if m[0] >= horizon))
+
+
+class MaildirProvider:
+    """The MailProvider port on a Maildir directory.
+
+    ``markers`` narrows or reorders the markers it sets (a subset of ``MARKERS``);
+    ``page_size`` is how many messages a page of changes holds at most."""
+
+    def __init__(
+        self,
+        path: Path,
+        mailbox_id: str,
+        *,
+        markers: tuple[MarkerKind, ...] = MARKERS,
+        page_size: int = PAGE_SIZE,
+        clock: Clock | None = None,
+    ) -> None:
+        if not markers or not set(markers) <= set(MARKERS):
+            raise ValueError(f"a Maildir marks its copies by {', '.join(MARKERS)} only")
         self._path = path
         self._mailbox_id = mailbox_id.lower()
+        self._markers = markers
+        self._page_size = page_size
+        self._clock = clock
+        self._known: dict[tuple[str, int], _Facts] = {}
 
     @property
     def provider(self) -> str:
@@ -92,14 +197,33 @@ class MaildirProvider:
     def mailbox_id(self) -> str:
         return self._mailbox_id
 
+    @property
+    def capabilities(self) -> Capabilities:
+        return Capabilities(
+            channel=CHANNEL,
+            key_basis=True,
+            native_threads=False,
+            markers=self._markers,
+            keeps_sent_copy=True,
+            sent_copy_latency=timedelta(0),
+            delivers=False,
+            page_size=self._page_size,
+        )
+
+    def _now(self) -> datetime:
+        return datetime.now(UTC) if self._clock is None else self._clock.now()
+
+    def _missing(self) -> ProviderError:
+        return ProviderError(
+            f"no Maildir at {self._path}; create it (with cur/, new/ and tmp/) or fix the "
+            "mailbox path in the Workspace Context"
+        )
+
     def _inbox(self) -> mailbox.Maildir:
         try:
             return mailbox.Maildir(str(self._path), factory=None, create=False)
         except mailbox.NoSuchMailboxError as exc:
-            raise ProviderError(
-                f"no Maildir at {self._path}; create it (with cur/, new/ and tmp/) or fix the "
-                "mailbox path in the Workspace Context"
-            ) from exc
+            raise self._missing() from exc
 
     def _sent(self, create: bool) -> mailbox.Maildir | None:
         inbox = self._inbox()
@@ -107,84 +231,175 @@ class MaildirProvider:
             return inbox.get_folder(SENT_FOLDER)
         return inbox.add_folder(SENT_FOLDER) if create else None
 
-    def _read_all(self) -> list[tuple[str, bytes]]:
-        inbox = self._inbox()
-        items: list[tuple[str, bytes]] = []
-        for key in sorted(inbox.iterkeys()):
+    def _folder(self) -> tuple[int, ...]:
+        """Which Maildir this is: its device and the inodes of it and its new/ and cur/."""
+        try:
+            stats = [(self._path / sub).stat() for sub in ("", "new", "cur")]
+        except (FileNotFoundError, NotADirectoryError) as exc:
+            raise self._missing() from exc
+        return (stats[0].st_dev, *(s.st_ino for s in stats))
+
+    def _files(self) -> dict[str, _File]:
+        """The inbox's message files by key (as the mailbox module reads them: a key in both
+        cur/ and new/ is the one in new/)."""
+        files: dict[str, _File] = {}
+        for sub in ("cur", "new"):
             try:
-                items.append((key, inbox.get_bytes(key)))
-            except (KeyError, FileNotFoundError):
+                entries = list(os.scandir(self._path / sub))
+            except (FileNotFoundError, NotADirectoryError) as exc:
+                raise self._missing() from exc
+            for entry in entries:
+                try:
+                    if entry.is_dir():
+                        continue
+                    ctime = entry.stat().st_ctime_ns
+                except FileNotFoundError:
+                    continue  # moved away by someone else while listing
+                key = entry.name.split(":")[0]
+                files[key] = _File(ctime, key, Path(entry.path))
+        return files
+
+    @staticmethod
+    def _raw(files: list[_File]) -> list[tuple[_File, bytes]]:
+        read: list[tuple[_File, bytes]] = []
+        for file in files:
+            try:
+                read.append((file, file.path.read_bytes()))
+            except (FileNotFoundError, IsADirectoryError):
                 continue  # moved away by someone else between listing and reading
-        return items
+        return read
 
-    def _sent_facts(self) -> list[_Facts]:
-        sent = self._sent(create=False)
-        if sent is None:
+    def _sent_items(self) -> list[tuple[str, bytes]]:
+        """Every sent copy (key, bytes), each file read once, directly."""
+        if self._sent(create=False) is None:
             return []
-        return [_facts_of(sent.get_bytes(key)) for key in sent.iterkeys()]
+        folder = self._path / f".{SENT_FOLDER}"
+        items: list[tuple[str, bytes]] = []
+        for sub in ("new", "cur"):
+            try:
+                entries = list(os.scandir(folder / sub))
+            except FileNotFoundError:
+                continue
+            for entry in entries:
+                try:
+                    items.append((entry.name.split(":")[0], Path(entry.path).read_bytes()))
+                except FileNotFoundError:
+                    continue  # moved by another reader between listing and reading
+        return sorted(items)
 
-    def _threads(self, raw_items: list[tuple[str, bytes]] | None = None) -> _Threads:
-        """This mailbox's threading, from every message it holds (inbox and sent copies)."""
+    def _facts(self, version: tuple[str, int], read: Callable[[], bytes]) -> _Facts | None:
+        """A message's threading facts, read once per version of its file."""
+        facts = self._known.get(version)
+        if facts is None:
+            try:
+                facts = _facts_of(read())
+            except (KeyError, FileNotFoundError, IsADirectoryError):
+                return None  # moved away by someone else between listing and reading
+        return facts
+
+    def _threads(self, files: Iterable[_File]) -> _Threads:
+        """This mailbox's threading, from every message it holds (inbox and sent copies);
+        each file is parsed once while it stays as it is."""
         threads = _Threads()
-        for facts in self._sent_facts():
-            threads.add(facts)
-        for _, raw in self._read_all() if raw_items is None else raw_items:
-            threads.add(_facts_of(raw))
+        known: dict[tuple[str, int], _Facts] = {}
+        sent = self._sent(create=False)
+        versions: list[tuple[tuple[str, int], Callable[[], bytes]]] = [
+            ((str(f.path), f.ctime_ns), f.path.read_bytes) for f in files
+        ]
+        if sent is not None:
+            for key in sent.iterkeys():  # a sent copy's key is never reused
+                versions.append(((f"{SENT_FOLDER}/{key}", 0), partial(sent.get_bytes, key)))
+        for version, read in versions:
+            facts = self._facts(version, read)
+            if facts is not None:
+                threads.add(facts)
+                known[version] = facts
+        self._known = known
         return threads
 
-    def _scan_sync(self) -> list[ScannedMessage]:
-        raw_items = self._read_all()
-        threads = self._threads(raw_items)
-        results: list[ScannedMessage] = []
-        for key, raw in raw_items:
-            ref = _item_ref(key)
-            try:
-                envelope = rfc822.normalize(
-                    raw,
-                    provider=PROVIDER,
-                    mailbox_id=self._mailbox_id,
-                    provider_message_id=ref,
-                    thread_id_for=lambda mid, irt, refs, raw=raw, ref=ref: threads.thread_of(
-                        _Facts(mid, irt, refs, rfc822.body_fingerprint(raw)),
-                        fallback=ref,
-                    ),
-                    fallback_received_at=_key_time(key),
-                )
-            except rfc822.UnparseableMessage as exc:
-                results.append(ScannedMessage(item_ref=ref, error=str(exc)))
-                continue
-            except Exception as exc:
-                results.append(
-                    ScannedMessage(
-                        item_ref=ref,
-                        error=f"could not be normalized ({type(exc).__name__}: {exc})",
-                    )
-                )
-                continue
-            results.append(ScannedMessage(item_ref=ref, envelope=envelope))
-        return results
+    def _normalize(self, file: _File, raw: bytes, threads: _Threads) -> ScannedMessage:
+        ref = _item_ref(file.key)
+        try:
+            envelope = rfc822.normalize(
+                raw,
+                provider=PROVIDER,
+                mailbox_id=self._mailbox_id,
+                provider_message_id=ref,
+                thread_id_for=lambda mid, irt, refs: threads.thread_of(
+                    _Facts(mid, irt, refs, rfc822.body_fingerprint(raw)), fallback=ref
+                ),
+                fallback_received_at=_key_time(file.key),
+            )
+        except rfc822.UnparseableMessage as exc:
+            return ScannedMessage(item_ref=ref, error=str(exc))
+        except Exception as exc:
+            error = f"could not be normalized ({type(exc).__name__}: {exc})"
+            return ScannedMessage(item_ref=ref, error=error)
+        return ScannedMessage(item_ref=ref, envelope=envelope)
 
-    async def scan(self) -> AsyncIterator[ScannedMessage]:
-        for item in await anyio.to_thread.run_sync(self._scan_sync):
-            yield item
+    def _changes_sync(self, cursor: str | None) -> ChangePage:
+        folder = self._folder()
+        read_at = time.time_ns()  # before listing: a file listed later is stamped after it
+        files = self._files()
+        start = (
+            _Cursor(folder, 0, frozenset()) if cursor is None else _Cursor.decode(cursor, folder)
+        )
+        candidates = sorted(
+            (f for f in files.values() if f.ctime_ns >= start.horizon and f.mark not in start.seen),
+            key=lambda f: f.mark,
+        )
+        page = candidates[: self._page_size]
+        threads = self._threads(files.values())
+        items = tuple(self._normalize(file, raw, threads) for file, raw in self._raw(page))
+        return ChangePage(
+            items=items,
+            cursor=start.after(page, candidates, read_at).encode(),
+            more=len(candidates) > len(page),
+        )
+
+    async def changes(self, cursor: str | None) -> ChangePage:
+        return await anyio.to_thread.run_sync(self._changes_sync, cursor)
+
+    def _read(self, ref: str) -> bytes:
+        """The bytes of an inbox message or a sent copy (``maildir:Sent/<key>``)."""
+        key = _key_of(ref)
+        try:
+            if key.startswith(f"{SENT_FOLDER}/"):
+                sent = self._sent(create=False)
+                if sent is None:
+                    raise KeyError(key)
+                return sent.get_bytes(key.removeprefix(f"{SENT_FOLDER}/"))
+            return self._inbox().get_bytes(key)
+        except (KeyError, FileNotFoundError) as exc:
+            raise NotFound(f"message {ref} is no longer in {self._path}") from exc
 
     async def fetch_body(self, body_ref: str) -> MessageBody:
-        key = _key_of(body_ref)
+        return rfc822.body(await anyio.to_thread.run_sync(self._read, body_ref))
 
-        def read() -> bytes:
-            try:
-                return self._inbox().get_bytes(key)
-            except KeyError as exc:
-                raise ProviderError(f"message {body_ref} is no longer in {self._path}") from exc
+    async def fetch_attachment(self, ref: str) -> AttachmentData:
+        item_ref, _, index = ref.rpartition("/")
+        if not index.isdigit():
+            raise NotFound(f"{ref!r} is not a Maildir attachment reference (<message>/<n>)")
+        raw = await anyio.to_thread.run_sync(self._read, item_ref)
+        found = rfc822.attachments(raw, item_ref)
+        if int(index) >= len(found):
+            raise NotFound(f"message {item_ref} has no attachment {index}")
+        return found[int(index)]
 
-        return rfc822.body(await anyio.to_thread.run_sync(read))
+    def _marker(self, message: OutgoingMessage) -> Marker:
+        kind = self._markers[0]
+        if kind is MarkerKind.MESSAGE_ID:
+            return Marker(kind=kind, value=message.internet_message_id)
+        return Marker(kind=kind, value=mime.send_token(message.internet_message_id))
 
     async def prepare(self, message: OutgoingMessage) -> Handover:
+        marker = self._marker(message)
+        token = marker.value if marker.kind is MarkerKind.HEADER else None
         try:
-            raw = mime.build(message, datetime.now(UTC))
+            raw = mime.build(message, self._now(), token)
         except ValueError as exc:
             raise ProviderError(f"the message cannot be written as MIME: {exc}") from exc
-        return Handover(message=message, channel=CHANNEL, mime=raw)
+        return Handover(message=message, channel=CHANNEL.value, mime=raw, marker=marker)
 
     async def send(self, handover: Handover) -> SendResult:
         raw = handover.mime
@@ -201,34 +416,47 @@ class MaildirProvider:
             provider_message_id=f"maildir:{SENT_FOLDER}/{key}",
             provider_thread_id=handover.message.provider_thread_id,
             internet_message_id=handover.message.internet_message_id,
-            channel=CHANNEL,
+            channel=CHANNEL.value,
             delivered=False,
-            accepted_at=datetime.now(UTC),
+            accepted_at=self._now(),
         )
 
-    async def read_back(self, internet_message_id: str) -> StoredCopy | None:
-        def find() -> StoredCopy | None:
-            sent = self._sent(create=False)
-            if sent is None:
-                return None
-            for key in sent.iterkeys():
-                raw = sent.get_bytes(key)
-                facts = _facts_of(raw)
-                if facts.mid != internet_message_id:
-                    continue
-                return rfc822.stored_copy(
-                    raw,
-                    provider_message_id=f"maildir:{SENT_FOLDER}/{key}",
-                    provider_thread_id=self._threads().thread_of(facts, fallback=key),
-                    delivered=False,  # an outbox copy: it reached no one
-                )
-            return None
+    def _find_sync(self, marker: Marker) -> StoredCopy | None:
+        # Our Message-ID and marker token are written verbatim and hold no whitespace a
+        # header could be folded at: a copy whose bytes lack the value cannot carry it, and
+        # is not parsed (a search stays cheap with thousands of copies).
+        wanted = marker.value.encode("utf-8", "surrogateescape")
+        for key, raw in self._sent_items():
+            if wanted not in raw:
+                continue
+            try:
+                parsed = rfc822.parse(raw)
+            except rfc822.UnparseableMessage:
+                continue
+            if marker.kind is MarkerKind.MESSAGE_ID:
+                ids = rfc822.header_ids(parsed, "Message-ID")
+                found = bool(ids) and ids[0] == marker.value
+            else:
+                found = marker.value in parsed.raw_values(mime.MARKER_HEADER)
+            if not found:
+                continue
+            threads = self._threads(self._files().values())
+            return rfc822.stored_copy(
+                raw,
+                provider_message_id=f"maildir:{SENT_FOLDER}/{key}",
+                provider_thread_id=threads.thread_of(_facts_of(raw), fallback=key),
+                delivered=False,  # an outbox copy: it reached no one
+            )
+        return None
 
-        return await anyio.to_thread.run_sync(find)
+    async def find_sent(self, marker: Marker) -> StoredCopy | None:
+        if marker.kind not in self._markers:
+            raise Unsupported(f"this Maildir channel does not search by a {marker.kind} marker")
+        return await anyio.to_thread.run_sync(self._find_sync, marker)
 
     async def health(self) -> ProviderHealth:
         try:
-            count = len(await anyio.to_thread.run_sync(lambda: list(self._inbox().iterkeys())))
+            count = len(await anyio.to_thread.run_sync(self._files))
         except ProviderError as exc:
             return ProviderHealth(
                 provider=PROVIDER, mailbox_id=self._mailbox_id, ok=False, detail=str(exc)
@@ -239,6 +467,9 @@ class MaildirProvider:
             ok=True,
             detail=f"Maildir {self._path} readable, {count} messages in the inbox",
         )
+
+    async def aclose(self) -> None:
+        """Nothing to release: every call opens the files it reads."""
 
 
 class _Facts(NamedTuple):

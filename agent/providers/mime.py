@@ -8,9 +8,14 @@ from mail (a subject, a display name) is taken as decoded text, put on one line,
 again here: plain printable ASCII as it is, anything else - non-ASCII, control characters,
 text that looks like an encoded word - as UTF-8 encoded words. Identifiers are copied only
 in msg-id form (``agent.domain.headers``); addresses only as plain addr-specs. Only the body
-parts are built by the email package (with ``verify_generated_headers`` on where the running
-Python has it). The result is still checked as bytes before any channel takes it
-(``agent.domain.handover``): nothing here is trusted to be right.
+parts - the text, its HTML alternative and the attachments - are built by the email package
+(with ``verify_generated_headers`` on where the running Python has it). The result is still
+checked as bytes before any channel takes it (``agent.domain.handover``): nothing here is
+trusted to be right.
+
+A channel whose best surviving marker is a header of ours adds ``X-Outloop-Send`` with the
+send's token (``send_token``, derived from the Message-ID); a channel whose marker is a body
+token finds that token in the rendered text.
 """
 
 from __future__ import annotations
@@ -18,13 +23,14 @@ from __future__ import annotations
 import email.header
 import email.policy
 import email.utils
+import hashlib
 import re
 from collections.abc import Sequence
 from datetime import datetime
 from email.message import EmailMessage
 
 from agent.domain.envelope import Address, header_text
-from agent.domain.mail import OutgoingMessage
+from agent.domain.mail import AttachmentData, OutgoingMessage
 
 CRLF = "\r\n"
 _SAFE_TEXT = re.compile(r"[\x20-\x7e]*")
@@ -34,6 +40,18 @@ _ADDR_SPEC = re.compile(
     r"@[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?)*"
 )
 _LONGEST_WORD = 76
+_CONTENT_TYPE = re.compile(r"([a-z0-9][a-z0-9!#$&^_.+-]*)/([a-z0-9][a-z0-9!#$&^_.+-]*)")
+
+MARKER_HEADER = "X-Outloop-Send"
+"""The header that carries a send's token where a channel keeps our headers but not our
+Message-ID (the ``header`` marker)."""
+
+
+def send_token(internet_message_id: str) -> str:
+    """The token that marks the send of ``internet_message_id`` (the same for every attempt,
+    on every channel): a header value, or the body token a rendered message carries."""
+    digest = hashlib.sha256(internet_message_id.encode("utf-8", "surrogateescape")).hexdigest()
+    return f"outloop-{digest[:32]}"
 
 
 def _policy() -> email.policy.EmailPolicy[EmailMessage]:
@@ -87,8 +105,9 @@ def _list(items: Sequence[str], separator: str) -> str:
     return (separator + CRLF + " ").join(items)
 
 
-def header_block(message: OutgoingMessage, at: datetime) -> str:
-    """The message's own headers, in the order they are written."""
+def header_block(message: OutgoingMessage, at: datetime, token: str | None = None) -> str:
+    """The message's own headers, in the order they are written (with ``token`` as the
+    ``X-Outloop-Send`` header when one is given)."""
     lines = [_line("From", mailbox(message.sender))]
     lines.append(_line("To", _list([mailbox(a) for a in message.to], ",")))
     if message.cc:
@@ -96,6 +115,10 @@ def header_block(message: OutgoingMessage, at: datetime) -> str:
     lines.append(_line("Subject", encoded_text(message.subject, "Subject")))
     lines.append(_line("Date", email.utils.format_datetime(at)))
     lines.append(_line("Message-ID", message.internet_message_id))
+    if token is not None:
+        if re.fullmatch(r"[A-Za-z0-9.-]{1,200}", token) is None:
+            raise UnsendableHeader(f"{token!r} is not a send token this core writes")
+        lines.append(_line(MARKER_HEADER, token))
     if message.in_reply_to:
         lines.append(_line("In-Reply-To", message.in_reply_to))
     if message.references:
@@ -103,18 +126,32 @@ def header_block(message: OutgoingMessage, at: datetime) -> str:
     return "".join(lines)
 
 
+def _attach(part: EmailMessage, attachment: AttachmentData) -> None:
+    """One file as an attachment part: its name on one line, its declared content type when
+    that is a plain type/subtype (else application/octet-stream), its bytes exactly as they
+    are (base64)."""
+    ref = attachment.ref
+    kind = _CONTENT_TYPE.fullmatch(ref.content_type.strip().lower())
+    maintype, subtype = kind.groups() if kind else ("application", "octet-stream")
+    name = header_text(ref.name).strip() or "attachment"
+    part.add_attachment(attachment.data, maintype=maintype, subtype=subtype, filename=name)
+
+
 def _content(message: OutgoingMessage) -> bytes:
     part = EmailMessage(policy=_POLICY)
     part.set_content(message.text)
     if message.html is not None:
         part.add_alternative(message.html, subtype="html")
+    for attachment in message.attachments:
+        _attach(part, attachment)
     if "MIME-Version" not in part:
         part["MIME-Version"] = "1.0"
     return part.as_bytes(policy=_POLICY)
 
 
-def build(message: OutgoingMessage, at: datetime) -> bytes:
-    """The RFC 822 bytes of ``message``, dated ``at`` (timezone-aware)."""
+def build(message: OutgoingMessage, at: datetime, token: str | None = None) -> bytes:
+    """The RFC 822 bytes of ``message``, dated ``at`` (timezone-aware), with its attachments
+    and, when ``token`` is given, the ``X-Outloop-Send`` header carrying it."""
     if not message.to:
         raise UnsendableHeader("a message needs at least one To recipient")
-    return header_block(message, at).encode("ascii") + _content(message)
+    return header_block(message, at, token).encode("ascii") + _content(message)

@@ -12,6 +12,7 @@ import email
 import email.header
 import email.policy
 import email.utils
+import hashlib
 import html as html_lib
 import re
 from collections.abc import Callable, Iterator
@@ -24,7 +25,7 @@ from typing import cast
 
 from agent.domain.envelope import Address, Envelope, content_digest
 from agent.domain.headers import ADDRESS_HEADERS, msg_ids
-from agent.domain.mail import MessageBody, StoredCopy
+from agent.domain.mail import AttachmentData, AttachmentRef, MessageBody, StoredCopy
 from agent.rendering.text import visible_text
 
 _HEADER_END_RE = re.compile(rb"\n\r?\n")
@@ -281,6 +282,7 @@ def normalize(
         in_reply_to=in_reply_to,
         references=references,
         received_at=received_at,
+        sent_at=_date(parsed.header("Date")),
         sender=sender,
         to=_addresses(parsed, "To"),
         cc=_addresses(parsed, "Cc"),
@@ -450,6 +452,36 @@ def _attachment_parts(message: Message) -> Iterator[Message]:
             yield part
 
 
+def _part_bytes(part: Message) -> bytes:
+    try:
+        payload = part.get_payload(decode=True)
+    except Exception:
+        payload = None
+    return payload if isinstance(payload, bytes) else b""
+
+
+def attachments(raw: bytes, provider_message_id: str) -> tuple[AttachmentData, ...]:
+    """Every attachment of the message, each under the reference its envelope gives
+    (``<provider_message_id>/<n>``), with its name, content type, decoded bytes, size and
+    sha256."""
+    return _attachments_of(parse(raw).message, provider_message_id)
+
+
+def _attachments_of(message: Message, provider_message_id: str) -> tuple[AttachmentData, ...]:
+    found: list[AttachmentData] = []
+    for index, part in enumerate(_attachment_parts(message)):
+        data = _part_bytes(part)
+        ref = AttachmentRef(
+            ref=f"{provider_message_id}/{index}",
+            name=_attachment_name(part, index),
+            content_type=part.get_content_type(),
+            size=len(data),
+            sha256=hashlib.sha256(data).hexdigest(),
+        )
+        found.append(AttachmentData(ref=ref, data=data))
+    return tuple(found)
+
+
 def _part_text(part: Message) -> str:
     try:
         payload = part.get_payload(decode=True)
@@ -464,9 +496,10 @@ def _part_text(part: Message) -> str:
 def stored_copy(
     raw: bytes, *, provider_message_id: str, provider_thread_id: str, delivered: bool
 ) -> StoredCopy:
-    """A stored message as read back: every header that names mailboxes is read."""
+    """A stored message as read back: every header that names mailboxes is read, and each
+    attachment's name, size and digest."""
     parsed = parse(raw)
-    content = body(raw)
+    content = _body_of(parsed.message)
     ids = header_ids(parsed, "Message-ID")
     senders = _addresses(parsed, "From")
     named = {"from", "to", "cc", "bcc", "reply-to"}
@@ -489,6 +522,7 @@ def stored_copy(
         text=content.text,
         html=content.html,
         delivered=delivered,
+        attachments=tuple(a.ref for a in _attachments_of(parsed.message, provider_message_id)),
     )
 
 
@@ -538,7 +572,11 @@ def body(raw: bytes) -> MessageBody:
     """The message's words as a mail client displays them: every inline text part, in
     order, as plain text and (when the message has HTML) as HTML. A part that exists in one
     form only is converted for the other, so each form holds every displayed part."""
-    units = _shown(parse(raw).message, 1)
+    return _body_of(parse(raw).message)
+
+
+def _body_of(message: Message) -> MessageBody:
+    units = _shown(message, 1)
     has_plain = any(u.plain is not None for u in units)
     has_html = any(u.html is not None for u in units)
     return MessageBody(

@@ -38,7 +38,13 @@ from agent.rendering.render import RenderedMessage
 from agent.rendering.text import html_risk, visible_text
 from agent.services.drafts import keep_draft, load_draft
 from agent.services.gate_check import GateReads, load_task
-from agent.services.outbound import SendOutcome, SendStatus, outgoing, send_once, sent_ref
+from agent.services.outbound import (
+    SendOutcome,
+    outgoing,
+    raise_unless_settled,
+    send_once,
+    sent_ref,
+)
 from agent.services.replies import ReplyStore
 from agent.services.workspaces import load_context
 
@@ -114,8 +120,7 @@ async def request_approval(
         html=_request_html(task, draft, shown_to),
     )
     outcome = await send_once(store, provider, intent, message, clock)
-    if outcome.status is SendStatus.IN_PROGRESS:
-        raise GateRefused(f"the approval request {key} is being sent by another worker")
+    raise_unless_settled(outcome, "the approval request")
     now = clock.now()
     request = ApprovalRequest(
         draft_id=draft_id,

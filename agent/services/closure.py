@@ -23,7 +23,7 @@ from agent.ports import Clock, MailProvider, TaskBoard
 from agent.rendering.render import RenderedMessage, render_message, reply_subject
 from agent.services import outbound
 from agent.services.gate_check import GateReads, check_send, load_task
-from agent.services.outbound import OutboundStore, SendOutcome, SendStatus
+from agent.services.outbound import OutboundStore, SendOutcome
 from agent.services.workspaces import load_context
 
 
@@ -63,8 +63,7 @@ async def reply_to_requester(
     key = f"status|{task_id}|{hashlib.sha256((complete + '|' + remaining).encode()).hexdigest()}"
     intent, message = outbound.reply_in_thread(task, key, rendered, to, cc, SendKind.INTERNAL_REPLY)
     outcome = await outbound.send_once(store, provider, intent, message, clock)
-    if outcome.status is SendStatus.IN_PROGRESS:
-        raise GateRefused(f"the status reply {key} is being sent by another worker")
+    outbound.raise_unless_settled(outcome, "the status reply")
     store.amend_task(
         task_id,
         TaskAmendment(

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Protocol
 
@@ -27,19 +27,30 @@ from agent.domain.envelope import (
     Envelope,
     OccurrenceScope,
     compose_key,
+    identity_digest,
+    legacy_occurrence_key,
     occurrence_key,
+    proposed_thread,
+    thread_alias,
 )
-from agent.domain.errors import ClaimLost, ProviderError, StoreError
+from agent.domain.errors import (
+    ClaimLost,
+    CursorExpired,
+    InvalidRequest,
+    ProviderError,
+    StoreError,
+    Unsupported,
+)
 from agent.domain.execution import ClaimOutcome, ExecutionRecord
-from agent.domain.mail import ScannedMessage
+from agent.domain.mail import Capabilities, ChangePage, ScannedMessage
 from agent.domain.records import (
     ClaimRequest,
     EscalationDraft,
     ReportRequest,
 )
 from agent.domain.registry import Candidate, ResolutionStatus, resolve_workspace
-from agent.domain.run import LedgerEntry, Reconciliation
-from agent.ports import Claims, Clock, Health, MailProvider, RunLedger
+from agent.domain.run import LedgerEntry, MailboxCursor, Reconciliation, ThreadLink
+from agent.ports import Claims, Clock, Health, MailProvider, RunLedger, ThreadAliases
 from agent.services import acks, approvals, claim, classify, reminders
 from agent.services.holder import current_holder, holder_alive
 from agent.services.reminders import ReminderStore
@@ -47,9 +58,10 @@ from agent.services.replies import ReplyStore
 from agent.services.workspaces import DataDir, candidates, load_context, load_station
 
 
-class IntakeStore(RunLedger, Claims, ReplyStore, ReminderStore, Protocol):
-    """What a run needs: the run ledger, claims, and what the replies it may send on the
-    way (acknowledgements, reminders) and the approvals it reads need."""
+class IntakeStore(RunLedger, ThreadAliases, Claims, ReplyStore, ReminderStore, Protocol):
+    """What a run needs: the run ledger (with the mailboxes' cursors), thread aliases,
+    claims, and what the replies it may send on the way (acknowledgements, reminders) and
+    the approvals it reads need."""
 
 
 SERVICE = "email-intake"
@@ -138,6 +150,9 @@ class Scan:
     race: list[tuple[str, Disposition, str]] = field(
         default_factory=list[tuple[str, Disposition, str]]
     )
+    owns_run: bool = True
+    """This worker started the run and keeps its lease; a worker that resumed another's
+    open run only claims its items."""
 
     @property
     def run_id(self) -> str:
@@ -159,28 +174,31 @@ async def scan(
     clock: Clock,
     holder: str | None = None,
     mailbox_ids: frozenset[str] | None = None,
+    from_start: bool = False,
 ) -> Scan:
-    """Steps 1-4 for a workspace's mailboxes (or only ``mailbox_ids``): start a run, scan,
-    normalize, resolve and key every item, and record each scanned item in the run ledger."""
+    """Steps 1-4 for a workspace's mailboxes (or only ``mailbox_ids``): start a run, take
+    over what runs of dead workers left unclaimed, read each mailbox's changes since its
+    cursor (``from_start``: the whole mailbox again, a replay), normalize, resolve and key
+    every item, and record each page of items in the run ledger together with the cursor
+    that covers it."""
     holder = holder or current_holder()
     context = load_context(store, workspace_id)  # live context, re-read on every run
     station = load_station(data_dir)
     run_id = f"run-{uuid.uuid4().hex}"
     result = RunResult(run_id=run_id, workspace_id=workspace_id)
-    _reconcile_dead_runs(store, workspace_id, clock, result)
     renewed_at = clock.now()
     store.start_run(run_id, workspace_id, holder, renewed_at, renewed_at + RUN_LEASE)
+    planned = _carry_over_dead_runs(store, context, run_id, clock, result)
+    planned += _take_up_unfinished(store, context, run_id, clock, {p.ref for p in planned})
     bindings = [b for b in context.mailboxes if mailbox_ids is None or b.mailbox_id in mailbox_ids]
 
     # 1. Preflight first; a failure gates the work on each item, never detection.
     preflights = {b.mailbox_id: classify.preflight(context, b.mailbox_id) for b in bindings}
-    planned, providers = await _read_mailboxes(
-        store, bindings, provider_for, workspace_id, clock, result
-    )
-    # The scan may have taken a while: keep the run's lease before recording its items.
+    reader = _Reader(store, run_id, workspace_id, clock, {p.ref for p in planned}, from_start)
+    providers = await reader.read_all(bindings, provider_for, result)
+    planned.extend(reader.planned)
     if planned:
         renewed_at = _renew(store, run_id, holder, clock, renewed_at, force=True)
-    _record_scanned(store, run_id, planned, clock)
     _oldest_first(planned)
     return Scan(
         store=store,
@@ -196,75 +214,245 @@ async def scan(
     )
 
 
-def _reconcile_dead_runs(
-    store: RunLedger, workspace_id: str, clock: Clock, result: RunResult
-) -> None:
-    """Runs whose worker died before reconciling are reconciled now, so every scanned item
-    of every run ends with exactly one outcome."""
-    for open_run in store.unreconciled_runs(workspace_id):
-        if open_run.stale(clock.now(), holder_alive):
-            stale = store.reconcile_stale(open_run.run_id, clock.now(), holder_alive)
-            if stale is not None:
-                result.reconciled_stale.append(stale)
-
-
-async def _read_mailboxes(
+async def resume(
+    *,
     store: IntakeStore,
-    bindings: list[MailboxBinding],
+    data_dir: DataDir,
+    run_id: str,
     provider_for: ProviderFactory,
-    workspace_id: str,
     clock: Clock,
-    result: RunResult,
-) -> tuple[list[Planned], dict[str, MailProvider]]:
-    """Steps 2-4 over every mailbox, each item planned once, with the provider each was read
-    through. A mailbox that cannot be read is an access gap, not a policy refusal: the other
-    mailboxes still run, and the gap is on record for the operator and the access resolver."""
-    planned: list[Planned] = []
-    seen: set[str] = set()
-    providers: dict[str, MailProvider] = {}
-    for binding in bindings:
-        cands = candidates(store, binding.provider, binding.mailbox_id)
-        try:
-            provider = provider_for(binding)
-            providers[binding.mailbox_id] = provider
-            found = await _read_mailbox(provider, binding, cands, workspace_id, seen)
-        except ProviderError as exc:
-            store.record_health(
-                f"mailbox {binding.mailbox_id} ({binding.provider})", str(exc), clock.now()
-            )
-            result.access_errors.append(f"{binding.mailbox_id}: {exc}")
-            continue
-        planned.extend(found)
-    return planned, providers
-
-
-async def _read_mailbox(
-    provider: MailProvider,
-    binding: MailboxBinding,
-    cands: list[Candidate],
-    workspace_id: str,
-    seen: set[str],
-) -> list[Planned]:
-    """The mailbox's items this workspace reads, normalized, resolved and keyed; an item
-    already ``seen`` this run is not planned again."""
-    found: list[Planned] = []
-    async for scanned in provider.scan():
-        plan = _plan(scanned, binding, cands, workspace_id)
-        if plan is not None and plan.ref not in seen:
-            seen.add(plan.ref)
-            found.append(plan)
-    return found
-
-
-def _record_scanned(store: RunLedger, run_id: str, planned: list[Planned], clock: Clock) -> None:
-    """Every planned item goes into the run ledger, with its occurrence key."""
-    store.record_scanned(
-        [
-            LedgerEntry(run_id=run_id, item_ref=p.ref, occurrence_key=p.key, detail=p.reason)
-            for p in planned
-        ],
-        clock.now(),
+    holder: str | None = None,
+) -> Scan:
+    """An open run as any worker on any machine can go on with it: its recorded items,
+    ready to be claimed (the run's own worker keeps its lease and reconciles it)."""
+    open_run = store.run_holder(run_id)
+    if open_run is None:
+        raise InvalidRequest(
+            f"run {run_id} is not an open run here (unknown, or already reconciled); call "
+            "intake again - a new run takes what an earlier one left unclaimed"
+        )
+    context = load_context(store, open_run.scope)
+    entries = store.ledger(run_id)
+    planned = [p for e in entries if (p := _replanned(context, e)) is not None]
+    _oldest_first(planned)
+    bindings = {p.mailbox.mailbox_id: p.mailbox for p in planned}
+    providers = {m: provider_for(b) for m, b in bindings.items()}
+    preflights = {m: classify.preflight(context, m) for m in providers}
+    return Scan(
+        store=store,
+        context=context,
+        station=load_station(data_dir),
+        holder=holder or current_holder(),
+        result=RunResult(run_id=run_id, workspace_id=open_run.scope),
+        planned=planned,
+        providers=providers,
+        preflights=preflights,
+        renewed_at=clock.now(),
+        lookahead=claim.Lookahead(store, [p.key for p in planned]),
+        owns_run=False,
     )
+
+
+def _carry_over_dead_runs(
+    store: IntakeStore, context: WorkspaceContext, run_id: str, clock: Clock, result: RunResult
+) -> list[Planned]:
+    """Runs whose worker died before reconciling are reconciled now, so every scanned item
+    of every run ends with exactly one outcome; their items nobody decided are carried into
+    this run (their cursor moved past them, so no later read brings them back)."""
+    carried: list[Planned] = []
+    for open_run in store.unreconciled_runs(context.workspace_id):
+        if open_run.run_id == run_id or not open_run.stale(clock.now(), holder_alive):
+            continue
+        undecided = [e for e in store.ledger(open_run.run_id) if e.disposition is None]
+        stale = store.reconcile_stale(open_run.run_id, clock.now(), holder_alive)
+        if stale is None:
+            continue  # another worker reconciled it (and carried its items) first
+        result.reconciled_stale.append(stale)
+        carried.extend(p for e in undecided if (p := _replanned(context, e)) is not None)
+    carried = list({p.ref: p for p in carried}.values())  # several dead runs held one item
+    if carried:
+        _record(store, run_id, carried, clock)
+    return carried
+
+
+def _take_up_unfinished(
+    store: IntakeStore, context: WorkspaceContext, run_id: str, clock: Clock, taken: set[str]
+) -> list[Planned]:
+    """The scope's occurrences a claim may take over now - a retry that is due, a claim
+    whose holder died or whose lease ran out - taken up again in this run: no mailbox read
+    brings them back once the cursor moved past them."""
+    due = [
+        p
+        for e in store.reclaimable(context.workspace_id, clock.now(), holder_alive)
+        if (p := _replanned(context, e)) is not None and p.ref not in taken
+    ]
+    if due:
+        _record(store, run_id, due, clock)
+    return due
+
+
+def _replanned(context: WorkspaceContext, entry: LedgerEntry) -> Planned | None:
+    """A recorded item as it was planned, if its mailbox is still bound."""
+    binding = next((b for b in context.mailboxes if b.mailbox_id == entry.mailbox_id), None)
+    if entry.scanned is None or binding is None or entry.occurrence_key is None:
+        return None
+    return Planned(entry.scanned, binding, entry.owner, entry.occurrence_key, entry.reason)
+
+
+def _record(
+    store: RunLedger,
+    run_id: str,
+    planned: list[Planned],
+    clock: Clock,
+    cursor: MailboxCursor | None = None,
+) -> None:
+    """Planned items go into the run ledger with what any worker needs to claim them, and
+    the cursor (if any) advances past them in the same transaction."""
+    entries = [
+        LedgerEntry(
+            run_id=run_id,
+            item_ref=p.ref,
+            occurrence_key=p.key,
+            detail=p.reason,
+            scanned=p.scanned,
+            owner=p.owner,
+            mailbox_id=p.mailbox.mailbox_id,
+            reason=p.reason,
+        )
+        for p in planned
+    ]
+    store.record_scanned(entries, clock.now(), cursor)
+
+
+@dataclass
+class _Reader:
+    """Steps 2-4 over a run's mailboxes, page by page: each item planned once."""
+
+    store: IntakeStore
+    run_id: str
+    workspace_id: str
+    clock: Clock
+    seen: set[str]
+    from_start: bool = False
+    planned: list[Planned] = field(default_factory=list[Planned])
+
+    async def read_all(
+        self, bindings: list[MailboxBinding], provider_for: ProviderFactory, result: RunResult
+    ) -> dict[str, MailProvider]:
+        """Read every mailbox, with the channel each was read through. A mailbox that cannot
+        be read is an access gap, not a policy refusal: the other mailboxes still run, and
+        the gap is on record for the operator and the access resolver."""
+        providers: dict[str, MailProvider] = {}
+        for binding in bindings:
+            try:
+                provider = provider_for(binding)
+                providers[binding.mailbox_id] = provider
+                await self.read(provider, binding)
+            except ProviderError as exc:
+                self.store.record_health(
+                    f"mailbox {binding.mailbox_id} ({binding.provider})",
+                    str(exc),
+                    self.clock.now(),
+                )
+                result.access_errors.append(f"{binding.mailbox_id}: {exc}")
+        return providers
+
+    async def read(self, provider: MailProvider, binding: MailboxBinding) -> None:
+        """The mailbox's changes since its cursor; an expired cursor is read again in full
+        (occurrence keys keep that from recording anything twice)."""
+        caps = provider.capabilities
+        if not caps.key_basis:
+            raise Unsupported(
+                f"channel {caps.channel} cannot give the Message-ID, sender and Date every "
+                "channel of the mailbox keys messages by; it is not used for intake"
+            )
+        where = (self.workspace_id, binding.provider, binding.mailbox_id, caps.channel.value)
+        cursor = None if self.from_start else self.store.get_cursor(*where)
+        while True:
+            try:
+                page = await provider.changes(cursor)
+            except CursorExpired:
+                if cursor is None:
+                    raise
+                self.store.clear_cursor(*where)
+                cursor = None
+                continue
+            self._take(
+                page,
+                binding,
+                caps,
+                MailboxCursor(
+                    scope=where[0],
+                    provider=where[1],
+                    mailbox_id=where[2],
+                    channel=where[3],
+                    cursor=page.cursor,
+                ),
+            )
+            cursor = page.cursor
+            if not page.more:
+                return
+
+    def _take(
+        self,
+        page: ChangePage,
+        binding: MailboxBinding,
+        caps: Capabilities,
+        cursor: MailboxCursor,
+    ) -> None:
+        cands = candidates(self.store, binding.provider, binding.mailbox_id)
+        found: list[Planned] = []
+        for scanned in page.items:
+            plan = _plan(_threaded(self.store, scanned, caps), binding, cands, self.workspace_id)
+            if plan is not None and plan.ref not in self.seen:
+                self.seen.add(plan.ref)
+                found.append(plan)
+        found = _keep_legacy_keys(self.store, found)
+        _record(self.store, self.run_id, found, self.clock, cursor)
+        self.planned.extend(found)
+
+
+def _threaded(store: ThreadAliases, scanned: ScannedMessage, caps: Capabilities) -> ScannedMessage:
+    """The item with its thread named as every channel of its mail system names it: the
+    channel's own thread id where the mail system shows it everywhere, else the alias the
+    store keeps for the thread (reached from its Message-IDs; a Message-ID that messages
+    which differ carry is nobody's parent)."""
+    envelope = scanned.envelope
+    if caps.native_threads or envelope is None or envelope.internet_message_id is None:
+        return scanned
+    mid = envelope.internet_message_id
+    identity = identity_digest(envelope)
+    related = tuple(m for m in (envelope.in_reply_to, *envelope.references) if m is not None)
+    proposed = proposed_thread(envelope)
+    link = ThreadLink(
+        message_id=mid,
+        identity=identity,
+        related=related,
+        proposed=proposed,
+        if_reused=thread_alias(f"{mid}#{identity}"),
+    )
+    alias = store.resolve_thread(envelope.provider, envelope.mailbox_id, link)
+    threaded = envelope.model_copy(update={"provider_thread_id": alias})
+    return scanned.model_copy(update={"envelope": threaded})
+
+
+def _keep_legacy_keys(store: Claims, planned: list[Planned]) -> list[Planned]:
+    """Items a store recorded before occurrence keys were channel-independent keep the key
+    they were claimed under, so nothing is claimed twice across the upgrade."""
+    legacy = {
+        p.key: legacy_occurrence_key(p.owner, p.envelope)
+        for p in planned
+        if p.envelope is not None and p.envelope.internet_message_id is not None
+    }
+    if not legacy:
+        return planned
+    known = store.get_executions([*legacy, *legacy.values()])
+    return [
+        replace(p, key=legacy[p.key])
+        if p.key in legacy and p.key not in known and legacy[p.key] in known
+        else p
+        for p in planned
+    ]
 
 
 def _oldest_first(planned: list[Planned]) -> None:
@@ -285,7 +473,8 @@ async def claim_item(run: Scan, index: int, clock: Clock) -> ItemOutcome | None:
     is in ``item_errors`` and the station health record)."""
     store = run.store
     plan = run.planned[index]
-    run.renewed_at = _renew(store, run.run_id, run.holder, clock, run.renewed_at)
+    if run.owns_run:
+        run.renewed_at = _renew(store, run.run_id, run.holder, clock, run.renewed_at)
     request = ClaimRequest(
         key=plan.key,
         service=SERVICE,
@@ -350,7 +539,13 @@ async def finish(run: Scan, clock: Clock) -> RunResult:
     flush(run, clock)
     run.result.reconciliation = run.store.reconcile(run.run_id, clock.now())
     # Reminders are their own work: a run that reconciled still sends the ones now due.
-    run.result.reminders = await reminders.send_due(run.store, run.context, run.providers, clock)
+    try:
+        run.result.reminders = await reminders.send_due(
+            run.store, run.context, run.providers, clock
+        )
+    finally:
+        for provider in run.providers.values():
+            await provider.aclose()
     return run.result
 
 
@@ -363,6 +558,7 @@ async def run_cycle(
     clock: Clock,
     holder: str | None = None,
     on_progress: Callable[[Progress], None] | None = None,
+    from_start: bool = False,
 ) -> RunResult:
     """Run one intake cycle for a workspace and reconcile it."""
     run = await scan(
@@ -372,6 +568,7 @@ async def run_cycle(
         provider_for=provider_for,
         clock=clock,
         holder=holder,
+        from_start=from_start,
     )
     for index in range(len(run.planned)):
         outcome = await claim_item(run, index, clock)

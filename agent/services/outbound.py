@@ -1,11 +1,14 @@
-"""Ledgered sending: every outbound message is recorded before the provider is asked.
+"""Ledgered sending: every outbound message goes out at most once, whatever channel it
+goes through and whatever is lost on the way.
 
-The ledger key names the message (an acknowledgement of one inbound message, the reminder
-of one waiting period, the approval request of one draft), so the same message is never
-sent twice: a second attempt finds the key. An intent left behind by a worker that stopped
-mid-send is resolved by reading the provider's sent copy first; only when the provider has
-none, and the intent is older than the in-flight window, is it sent again under the same
-Message-ID.
+A send is ledgered (PREPARED) before any channel is asked, with the marker the channel says
+its sent copy will carry. Before the handover it is ATTEMPTING(channel); the channel's
+answer makes it CONFIRMED. When the answer is lost (the channel said so, or the worker died
+mid-handover) it is UNCERTAIN and is settled only from the sent copies: a copy found by its
+marker confirms it; a copy proven absent - searched for at least the channel's declared
+latency after the attempt - allows one more attempt, through this channel or another; a
+channel that keeps no sent copy hands it to a person (``outloop sends settle``). So the
+same message never goes twice because a channel changed or an acknowledgement was lost.
 """
 
 from __future__ import annotations
@@ -19,11 +22,18 @@ from typing import Protocol
 from agent import crashpoints
 from agent.domain.context import WorkspaceContext
 from agent.domain.envelope import Address
-from agent.domain.errors import HandoverRefused
+from agent.domain.errors import (
+    GateRefused,
+    HandoverRefused,
+    InvalidRequest,
+    OutcomeUnknown,
+    ProviderError,
+    UnknownSend,
+)
 from agent.domain.handover import check_handover
 from agent.domain.headers import msg_id
-from agent.domain.mail import Handover, OutgoingMessage, SendResult
-from agent.domain.records import SendIntent, SendRecord, SendState, TaskAmendment
+from agent.domain.mail import Handover, Marker, MarkerKind, OutgoingMessage, SendResult
+from agent.domain.records import SendAttempt, SendIntent, SendRecord, SendState, TaskAmendment
 from agent.domain.task import MessageRef, Task
 from agent.ports import Clock, MailProvider, SendLedger, Tasks
 from agent.rendering.render import RenderedMessage
@@ -35,17 +45,23 @@ class OutboundStore(SendLedger, Tasks, Protocol):
 
 
 IN_FLIGHT = timedelta(minutes=10)
-"""How long an unfinished intent is taken to be another worker's send still in progress."""
+"""How long an unfinished send is taken to be another live worker's send in progress."""
 _SENDING: set[str] = set()
-"""Keys this process is handing to a provider right now."""
+"""Keys this process is handing to a channel right now."""
 
 
 class SendStatus(StrEnum):
     SENT = "sent"
     ALREADY_SENT = "already_sent"
     RECOVERED = "recovered"
-    """A stopped worker's send: the provider's sent copy proved it went out."""
+    """An earlier attempt's outcome was lost: its sent copy proved it went out."""
     IN_PROGRESS = "in_progress"
+    """Another worker is sending it now."""
+    UNCERTAIN = "uncertain"
+    """Handed over and the answer lost, or not yet settled from the sent copies: nothing
+    more goes out until a search proves the copy absent."""
+    WITH_PERSON = "with_person"
+    """No channel can settle it: a person decides (``outloop sends settle``)."""
     REFUSED = "refused"
 
 
@@ -59,11 +75,37 @@ class SendOutcome:
     def went_out(self) -> bool:
         return self.status in {SendStatus.SENT, SendStatus.RECOVERED, SendStatus.ALREADY_SENT}
 
+    @property
+    def unsettled(self) -> bool:
+        """The send may or may not have gone out, and is not this call's to finish."""
+        return self.status in {SendStatus.IN_PROGRESS, SendStatus.UNCERTAIN, SendStatus.WITH_PERSON}
+
+    def why_unsettled(self, what: str) -> str:
+        """What an unsettled outcome means for ``what`` (a reply, a request), in words."""
+        key = self.record.key
+        if self.status is SendStatus.WITH_PERSON:
+            return (
+                f"{what} {key} cannot be settled by any channel ({self.record.detail}); a "
+                f"person settles it with 'outloop sends settle {key} --sent|--not-sent'"
+            )
+        if self.status is SendStatus.UNCERTAIN:
+            return (
+                f"{what} {key} was handed over and its outcome is not known yet; it is settled "
+                "from the sent copies before anything else is sent: try again later"
+            )
+        return f"{what} {key} is being sent by another worker; read it back later"
+
 
 def message_id_for(key: str, mailbox_id: str) -> str:
-    """A Message-ID derived from the ledger key: a resend after a crash reuses it."""
+    """A Message-ID derived from the ledger key: every attempt of a send carries it."""
     domain = mailbox_id.rsplit("@", 1)[-1] if "@" in mailbox_id else "outloop.invalid"
     return f"<{hashlib.sha256(key.encode()).hexdigest()[:32]}.outloop@{domain}>"
+
+
+def marker_of(record: SendRecord) -> Marker:
+    """The marker to search a send's copy by (a send ledgered before markers were recorded
+    is found by its Message-ID)."""
+    return record.marker or Marker(kind=MarkerKind.MESSAGE_ID, value=record.internet_message_id)
 
 
 async def send_once(
@@ -74,29 +116,39 @@ async def send_once(
     clock: Clock,
     cap: int | None = None,
 ) -> SendOutcome:
-    """Send ``message`` at most once under ``intent.key``.
+    """Send ``message`` at most once under ``intent.key``, through ``provider``.
 
-    An unfinished intent of another worker is left to it while that worker is alive and
-    for at most IN_FLIGHT; the intent of a dead worker is resolved at once (its sent copy
-    read first).
+    An unfinished send of another live worker is left to it for at most IN_FLIGHT; one of
+    a dead worker is taken over and settled from the sent copies before anything is sent.
     """
     if message.internet_message_id != intent.internet_message_id:
         raise ValueError("the message and its intent must carry the same Message-ID")
     handover = await checked_handover(store, provider, intent, message, clock)
-    if not intent.holder:
-        intent = intent.model_copy(update={"holder": current_holder()})
+    intent = intent.model_copy(
+        update={"holder": intent.holder or current_holder(), "marker": handover.marker}
+    )
     record = store.begin_send(intent, clock.now(), cap)
-    if record.state is SendState.REFUSED:
-        return SendOutcome(SendStatus.REFUSED, record)
-    if record.state is SendState.SENT:
-        return SendOutcome(SendStatus.ALREADY_SENT, record)
+    finished = _finished(record)
+    if finished is not None:
+        return finished
     if record.key in _SENDING:
         return SendOutcome(SendStatus.IN_PROGRESS, record)
     _SENDING.add(record.key)  # no await since the check: this task owns the key here
     try:
-        return await _send(store, provider, intent, handover, record, clock)
+        return await _drive(store, provider, intent, handover, record, clock)
     finally:
         _SENDING.discard(record.key)
+
+
+def _finished(record: SendRecord) -> SendOutcome | None:
+    """The outcome of a send the ledger has already decided, else None."""
+    if record.state is SendState.REFUSED:
+        return SendOutcome(SendStatus.REFUSED, record)
+    if record.state is SendState.CONFIRMED:
+        return SendOutcome(SendStatus.ALREADY_SENT, record)
+    if record.state is SendState.WITH_PERSON:
+        return SendOutcome(SendStatus.WITH_PERSON, record)
+    return None
 
 
 async def send_automated(
@@ -124,6 +176,12 @@ async def checked_handover(
     problems = check_handover(handover)
     if handover.message != message:
         problems = ("the channel prepared another message than the one planned", *problems)
+    if handover.marker is None and provider.capabilities.keeps_sent_copy:
+        problems = (
+            *problems,
+            f"channel {handover.channel} keeps a sent copy but would leave no marker to find "
+            "it by (a channel that marks copies only with a body token needs one in the body)",
+        )
     if not problems:
         return handover
     if intent.task_id is not None:
@@ -137,7 +195,7 @@ async def checked_handover(
     raise HandoverRefused(intent.key, problems)
 
 
-async def _send(
+async def _drive(
     store: SendLedger,
     provider: MailProvider,
     intent: SendIntent,
@@ -145,31 +203,135 @@ async def _send(
     record: SendRecord,
     clock: Clock,
 ) -> SendOutcome:
+    """Take the send as far as this worker may: settle an earlier attempt, then attempt."""
     if not record.created:
-        mine = record.holder == intent.holder  # this worker's earlier attempt, now over
-        young = clock.now() - record.created_at < IN_FLIGHT
-        if not mine and holder_alive(record.holder) and young:
-            return SendOutcome(SendStatus.IN_PROGRESS, record)
-        # The worker that recorded the intent is gone (or took too long): take the intent
-        # over - one worker wins - then read the provider's sent copy before sending.
-        if not store.take_over_send(record.key, record.holder, intent.holder, clock.now()):
-            return SendOutcome(SendStatus.IN_PROGRESS, record)
-        copy = await provider.read_back(record.internet_message_id)
-        if copy is not None:
-            done = store.complete_send(
-                record.key, copy.provider_message_id, "recovered from the sent copy", clock.now()
-            )
-            return SendOutcome(SendStatus.RECOVERED, done)
+        taken = _take_over(store, intent, record, clock)
+        if isinstance(taken, SendOutcome):
+            return taken
+        record = taken
+        if record.state is not SendState.PREPARED or not record.resend_allowed:
+            settled = await settle_from_copies(store, provider, record, intent.holder, clock)
+            if settled is not None:
+                return settled
+    return await _attempt(store, provider, intent, handover, clock)
+
+
+def _take_over(
+    store: SendLedger, intent: SendIntent, record: SendRecord, clock: Clock
+) -> SendRecord | SendOutcome:
+    """The send as this worker's own, or the outcome that it is another live worker's."""
+    if record.holder == intent.holder:
+        return record  # this worker's earlier attempt, now over
+    busy = record.state in {SendState.PREPARED, SendState.ATTEMPTING}
+    # In flight since its latest sign of life: ledgered, taken over, or attempted.
+    since = max(record.created_at, record.attempted_at or record.created_at)
+    young = clock.now() - since < IN_FLIGHT
+    if busy and young and holder_alive(record.holder):
+        return SendOutcome(SendStatus.IN_PROGRESS, record)
+    # The compare-and-set is on everything decided from: holder, state and attempt count.
+    if not store.take_over_send(
+        record.key, record.holder, intent.holder, clock.now(), record.state, record.attempts
+    ):
+        return SendOutcome(SendStatus.IN_PROGRESS, record)
+    current = store.get_send(record.key)
+    assert current is not None
+    return current
+
+
+async def settle_from_copies(
+    store: SendLedger, provider: MailProvider, record: SendRecord, holder: str, clock: Clock
+) -> SendOutcome | None:
+    """Settle an earlier attempt of the holder's send from the sent copies: its outcome, or
+    None when no attempt went out (never attempted, or its copy is proven absent)."""
+    if record.state is SendState.PREPARED and record.attempts == 0:
+        return None
+    if record.state is SendState.ATTEMPTING:  # its worker stopped mid-handover
+        record = store.mark_uncertain(
+            record.key, holder, "the worker handing it over stopped before the answer", clock.now()
+        )
+    if not record.keeps_sent_copy:
+        reason = (
+            f"the outcome through {record.channel} was lost and that channel keeps no sent "
+            "copy to check"
+        )
+        return SendOutcome(
+            SendStatus.WITH_PERSON, store.hand_to_person(record.key, reason, clock.now())
+        )
+    marker = marker_of(record)
+    if marker.kind not in provider.capabilities.markers:
+        return SendOutcome(SendStatus.UNCERTAIN, record)  # only its own channel can search it
+    copy = await provider.find_sent(marker)
+    if copy is not None:
+        done = store.complete_send(
+            record.key, copy.provider_message_id, "settled from the sent copy", clock.now()
+        )
+        return SendOutcome(SendStatus.RECOVERED, done)
+    if clock.now() < _searchable_by(record, provider):
+        return SendOutcome(SendStatus.UNCERTAIN, record)
+    return None  # proven absent: one more attempt may go
+
+
+def _searchable_by(record: SendRecord, provider: MailProvider) -> datetime:
+    """When a copy of the last attempt must be searchable through ``provider``: the
+    sending channel's declared latency and the searching channel's own, after the attempt's
+    outcome was found lost (a provider may accept the message at any moment of the
+    handover, and its latency runs from there)."""
+    lost = record.uncertain_at or record.attempted_at or record.created_at
+    latency = max(record.sent_copy_latency, provider.capabilities.sent_copy_latency)
+    return lost + latency
+
+
+async def _attempt(
+    store: SendLedger,
+    provider: MailProvider,
+    intent: SendIntent,
+    handover: Handover,
+    clock: Clock,
+) -> SendOutcome:
+    """Record the attempt, hand the message over, and record what the channel answered."""
+    caps = provider.capabilities
+    attempt = SendAttempt(
+        channel=caps.channel,
+        marker=handover.marker,
+        keeps_sent_copy=caps.keeps_sent_copy,
+        sent_copy_latency=caps.sent_copy_latency,
+    )
+    record = store.attempt_send(intent.key, intent.holder, attempt, clock.now())
+    if record is None:
+        current = store.get_send(intent.key)
+        assert current is not None
+        return SendOutcome(SendStatus.IN_PROGRESS, current)
     crashpoints.hit("before_provider_send")
-    result = await provider.send(handover)
+    try:
+        result = await provider.send(handover)
+    except ProviderError as exc:
+        # Whatever the failure, it may have happened after the channel took the message:
+        # the attempt is settled from the sent copies, never repeated blind.
+        lost = store.mark_uncertain(
+            intent.key, intent.holder, f"{type(exc).__name__}: {exc}", clock.now()
+        )
+        if isinstance(exc, OutcomeUnknown):
+            return SendOutcome(SendStatus.UNCERTAIN, lost)
+        raise
     crashpoints.hit("after_provider_send")
     done = store.complete_send(
-        intent.key,
-        result.provider_message_id,
-        f"via {result.channel}" + ("" if result.delivered else " (not a delivery)"),
-        clock.now(),
+        intent.key, result.provider_message_id, _sent_detail(result), clock.now(), result.refused
     )
     return SendOutcome(SendStatus.SENT, done, result)
+
+
+def _sent_detail(result: SendResult) -> str:
+    detail = f"via {result.channel}" + ("" if result.delivered else " (not a delivery)")
+    if result.refused:
+        refused = ", ".join(f"{address} ({why})" for address, why in result.refused)
+        detail += f"; partial delivery, refused: {refused}"
+    return detail
+
+
+def raise_unless_settled(outcome: SendOutcome, what: str) -> None:
+    """Refuse to go on with a send that is not settled (another worker's, lost, a person's)."""
+    if outcome.unsettled:
+        raise GateRefused(outcome.why_unsettled(what))
 
 
 def outgoing(
@@ -256,3 +418,29 @@ def reply_in_thread(
         in_reply_to=parent,
         references=references,
     )
+
+
+def settle_by_person(
+    store: SendLedger, key: str, sent: bool, evidence: str, actor: str, clock: Clock
+) -> SendRecord:
+    """A person's word on a send no channel could settle: it went out (CONFIRMED), or it
+    did not (one more attempt may go). Refused, changing nothing, without evidence or when
+    the send is already settled."""
+    evidence = evidence.strip()
+    if not evidence:
+        raise InvalidRequest(
+            "settling a send needs the evidence it rests on (what was checked, where)"
+        )
+    record = store.get_send(key)
+    if record is None:
+        raise UnknownSend(key)
+    if record.state not in SETTLEABLE:
+        raise InvalidRequest(
+            f"send {key} is {record.state.value}: only a send whose outcome is unknown "
+            f"({', '.join(s.value for s in sorted(SETTLEABLE))}) is settled by a person"
+        )
+    return store.settle_send(key, sent, evidence, actor, clock.now())
+
+
+SETTLEABLE = frozenset({SendState.ATTEMPTING, SendState.UNCERTAIN, SendState.WITH_PERSON})
+"""States a person may settle a send from (its outcome is not known)."""

@@ -31,6 +31,8 @@ from agent.services.outbound import (
     OutboundStore,
     SendOutcome,
     SendStatus,
+    marker_of,
+    raise_unless_settled,
     reply_in_thread,
     send_once,
     sent_ref,
@@ -127,8 +129,7 @@ async def send_reply(
     kind = SendKind.CLIENT_REPLY if client else SendKind.INTERNAL_REPLY
     intent, message = reply_in_thread(task, key, rendered, to_addrs, cc_addrs, kind)
     outcome = await send_once(store, provider, intent, message, clock)
-    if outcome.status is SendStatus.IN_PROGRESS:
-        raise GateRefused(f"send {key} is being made by another worker; read it back later")
+    raise_unless_settled(outcome, "send")
     if outcome.status is SendStatus.REFUSED:
         raise GateRefused(f"send {key} was refused by the ledger: {outcome.record.detail}")
     now = clock.now()
@@ -148,7 +149,7 @@ def _refuse_unless_sendable(
     """A draft that went out is never sent again; one the gate holds is refused; an
     unfinished send is only ever repeated exactly."""
     done = store.get_send(key)
-    if done is not None and done.state is SendState.SENT:
+    if done is not None and done.state is SendState.CONFIRMED:
         raise AlreadySent(done)
     if not gate.ready:
         raise SendRefused(gate)
@@ -248,21 +249,21 @@ async def read_back(
     task = load_task(store, record.task_id)
     provider = provider_for(task)
     _, rendered = load_draft(store, task.task_id, draft_id)
-    if record.state is not SendState.SENT:
+    if record.state is not SendState.CONFIRMED:
         report = ReadBackReport(
             checks=(
                 Check(
                     name="sent",
                     ok=False,
-                    detail="the send's outcome is not known yet (another worker holds it); "
-                    "read back again later",
+                    detail=f"the send's outcome is not known yet ({record.state.value}); "
+                    "read back again once it is settled",
                 ),
             )
         )
         return ReadBack(send=record, report=report, stored_provider_message_id=None)
     kind = SendKind(record.kind)
     _, sent = reply_in_thread(task, record.key, rendered, to, cc, kind)
-    copy = await provider.read_back(record.internet_message_id)
+    copy = await provider.find_sent(marker_of(record))
     if copy is None:
         report = ReadBackReport(
             checks=(
@@ -290,8 +291,13 @@ def _read_back_amendment(
 ) -> TaskAmendment:
     """What a read-back records: a client reply whose stored copy passed every check (its
     delivery included) is sent; anything else is evidence only."""
+    if record.partial:
+        evidence += "; partial delivery: " + ", ".join(
+            f"{a} refused ({w})" for a, w in record.refused
+        )
     amendment = TaskAmendment(event=f"read back {record.key}", readback_evidence=evidence)
-    proven = report.ok and SendKind(record.kind) is SendKind.CLIENT_REPLY
+    # A partial delivery is never a plain success: the task stays open for a person.
+    proven = report.ok and not record.partial and SendKind(record.kind) is SendKind.CLIENT_REPLY
     if not proven or task.state is not TaskState.APPROVED_TO_SEND:
         return amendment
     return amendment.model_copy(

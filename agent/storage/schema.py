@@ -1,11 +1,101 @@
 """Versioned schema migrations, applied once, in order, inside one write transaction.
 
 Times are stored as UTC epoch seconds (REAL) so ordering and lease comparisons are numeric.
+A step is one statement both backends run (PostgreSQL's through ``ddl``), or a
+``PerBackend`` pair where the two must differ (SQLite cannot alter a constraint: it
+rebuilds the table instead).
 """
 
 from __future__ import annotations
 
-MIGRATIONS: tuple[tuple[int, tuple[str, ...]], ...] = (
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class PerBackend:
+    """A migration step written once per backend."""
+
+    sqlite: tuple[str, ...]
+    postgresql: tuple[str, ...]
+
+
+Step = str | PerBackend
+
+
+# -- version 6: the send ledger records each attempt; scanned items, cursors, thread aliases
+
+_SEND_STATES_V6 = "state IN ('intent', 'attempting', 'uncertain', 'with_person', 'sent')"
+"""'intent' is PREPARED and 'sent' CONFIRMED: the values the ledger stored before."""
+
+_SEND_COLUMNS_V5 = (
+    "key, workspace_id, kind, task_id, internet_message_id, recipients, holder, state,"
+    " detail, created_at, sent_at, provider_message_id, cc"
+)
+
+_SEND_COLUMNS_ADDED_V6 = (
+    # The marker the last attempt's copy carries (or the one planned, before any attempt).
+    "marker_kind TEXT",
+    "marker_value TEXT",
+    # The last attempt: its channel, when it was handed over, how many there were, and
+    # whether (and how late) that channel's sent copy can be searched.
+    "channel TEXT NOT NULL DEFAULT ''",
+    "attempts INTEGER NOT NULL DEFAULT 0",
+    "attempted_at REAL",
+    # When the last attempt's outcome was found lost: a provider may have accepted the
+    # message at any moment until then, so its copy's latency runs from here.
+    "uncertain_at REAL",
+    "keeps_sent_copy INTEGER NOT NULL DEFAULT 1",
+    "sent_copy_latency REAL NOT NULL DEFAULT 0",
+    # Recipients the channel refused (a JSON array of [address, reason]; NULL: none).
+    "refused TEXT",
+    # A person settled the last attempt as not sent: one more attempt may go.
+    "resend_allowed INTEGER NOT NULL DEFAULT 0",
+)
+
+_SENDS_REBUILT_ON_SQLITE = (
+    f"""CREATE TABLE sends_v6 (
+                key TEXT PRIMARY KEY,
+                workspace_id TEXT NOT NULL,
+                kind TEXT NOT NULL,
+                task_id TEXT,
+                internet_message_id TEXT NOT NULL,
+                recipients TEXT NOT NULL,
+                holder TEXT NOT NULL,
+                state TEXT NOT NULL CHECK ({_SEND_STATES_V6}),
+                detail TEXT NOT NULL,
+                created_at REAL NOT NULL,
+                sent_at REAL,
+                provider_message_id TEXT,
+                cc TEXT,
+                {", ".join(_SEND_COLUMNS_ADDED_V6)}
+            )""",
+    f"INSERT INTO sends_v6 ({_SEND_COLUMNS_V5}) SELECT {_SEND_COLUMNS_V5} FROM sends",
+    # send_recipients references sends: it is rebuilt too, so that no row ever references
+    # a dropped table (foreign keys stay on inside the migration's transaction).
+    """CREATE TABLE send_recipients_v6 (
+                key TEXT NOT NULL REFERENCES sends_v6 (key),
+                workspace_id TEXT NOT NULL,
+                address TEXT NOT NULL,
+                created_at REAL NOT NULL,
+                PRIMARY KEY (key, address)
+            )""",
+    "INSERT INTO send_recipients_v6 (key, workspace_id, address, created_at)"
+    " SELECT key, workspace_id, address, created_at FROM send_recipients",
+    "DROP TABLE send_recipients",
+    "DROP TABLE sends",
+    # Renaming rewrites send_recipients_v6's reference to the new name.
+    "ALTER TABLE sends_v6 RENAME TO sends",
+    "ALTER TABLE send_recipients_v6 RENAME TO send_recipients",
+    "CREATE INDEX send_recipients_cap ON send_recipients (workspace_id, address, created_at)",
+)
+
+_SENDS_ALTERED_ON_POSTGRESQL = (
+    "ALTER TABLE sends DROP CONSTRAINT sends_state_check",
+    f"ALTER TABLE sends ADD CONSTRAINT sends_state_check CHECK ({_SEND_STATES_V6})",
+    *(f"ALTER TABLE sends ADD COLUMN {column}" for column in _SEND_COLUMNS_ADDED_V6),
+)
+
+MIGRATIONS: tuple[tuple[int, tuple[Step, ...]], ...] = (
     (
         1,
         (
@@ -188,6 +278,77 @@ MIGRATIONS: tuple[tuple[int, tuple[str, ...]], ...] = (
             # Which of a send's recipients were Cc (the rest were To, in order): read-back
             # checks the stored copy's To and Cc against exactly what was sent.
             "ALTER TABLE sends ADD COLUMN cc TEXT",
+        ),
+    ),
+    (
+        6,
+        (
+            # A send is PREPARED, ATTEMPTING (handed to a channel now), UNCERTAIN (handed over,
+            # the answer lost), WITH_PERSON or CONFIRMED; old rows keep their values and keys.
+            PerBackend(sqlite=_SENDS_REBUILT_ON_SQLITE, postgresql=_SENDS_ALTERED_ON_POSTGRESQL),
+            # Every change of a send: who, when, what, on what evidence (oldest first by seq).
+            """CREATE TABLE send_events (
+                key TEXT NOT NULL REFERENCES sends (key),
+                seq INTEGER NOT NULL,
+                at REAL NOT NULL,
+                state TEXT NOT NULL,
+                actor TEXT NOT NULL,
+                detail TEXT NOT NULL,
+                PRIMARY KEY (key, seq)
+            ) WITHOUT ROWID""",
+            # What the ledger knew of the sends it held before events were kept.
+            "INSERT INTO send_events (key, seq, at, state, actor, detail)"
+            " SELECT key, 1, created_at, 'intent', holder,"
+            " 'ledgered (recorded before send events were kept)' FROM sends",
+            "INSERT INTO send_events (key, seq, at, state, actor, detail)"
+            " SELECT key, 2, coalesce(sent_at, created_at), 'sent', holder, detail"
+            " FROM sends WHERE state = 'sent'",
+            # An intent of the earlier ledger may have been handed to the provider before its
+            # worker stopped: its outcome is unknown, so it is settled from the sent copy
+            # (found by its Message-ID) before anything is sent again.
+            "UPDATE sends SET state = 'uncertain', attempts = 1, attempted_at = created_at,"
+            " uncertain_at = created_at,"
+            " marker_kind = 'message_id', marker_value = internet_message_id"
+            " WHERE state = 'intent'",
+            "INSERT INTO send_events (key, seq, at, state, actor, detail)"
+            " SELECT key, 2, created_at, 'uncertain', holder,"
+            " 'recorded before attempts were kept: settled from the sent copy first'"
+            " FROM sends WHERE state = 'uncertain'",
+            # Threads of mail systems whose channels show no common thread id: every
+            # Message-ID of a thread reaches the thread's alias, per mailbox.
+            # ``identity``: the header digest of the message that carries the id (NULL while
+            # the id is only referenced); ``reused``: another message carried it too, so it is
+            # nobody's parent.
+            """CREATE TABLE thread_aliases (
+                provider TEXT NOT NULL,
+                mailbox_id TEXT NOT NULL,
+                message_id TEXT NOT NULL,
+                alias TEXT NOT NULL,
+                identity TEXT,
+                reused INTEGER NOT NULL DEFAULT 0,
+                PRIMARY KEY (provider, mailbox_id, message_id)
+            ) WITHOUT ROWID""",
+            # Where each scope's reading of a mailbox through a channel got to; advanced in
+            # the transaction that records the items it covered.
+            """CREATE TABLE mailbox_cursors (
+                scope TEXT NOT NULL,
+                provider TEXT NOT NULL,
+                mailbox_id TEXT NOT NULL,
+                channel TEXT NOT NULL,
+                cursor TEXT NOT NULL,
+                updated_at REAL NOT NULL,
+                PRIMARY KEY (scope, provider, mailbox_id, channel)
+            ) WITHOUT ROWID""",
+            # A scanned item as it was read (the ScannedMessage as JSON), the scope that owns
+            # it and its mailbox: what any worker on any machine needs to claim it.
+            # The unfinished occurrences a run takes up again (retries, lapsed claims).
+            "CREATE INDEX executions_unfinished ON executions (key) WHERE state <> 'DONE'",
+            "ALTER TABLE run_items ADD COLUMN scanned TEXT",
+            "ALTER TABLE run_items ADD COLUMN owner TEXT NOT NULL DEFAULT ''",
+            "ALTER TABLE run_items ADD COLUMN mailbox_id TEXT NOT NULL DEFAULT ''",
+            # Why the item was planned for escalation ('' when it resolved): kept apart from
+            # the detail its disposition writes, so a worker taking it up plans it the same.
+            "ALTER TABLE run_items ADD COLUMN reason TEXT NOT NULL DEFAULT ''",
         ),
     ),
 )

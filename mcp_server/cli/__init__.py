@@ -12,7 +12,9 @@ from mcp_server.cli.bench import bench
 from mcp_server.cli.demo import demo_command
 from mcp_server.cli.fixtures import fixtures
 from mcp_server.cli.run import run_command
+from mcp_server.cli.sends import sends
 from mcp_server.cli.serve import serve_command
+from mcp_server.cli.vault import vault
 from mcp_server.cli.workspace import workspace
 
 __all__ = ["main"]
@@ -27,5 +29,14 @@ def main() -> None:
     logging.getLogger("psycopg").setLevel(logging.ERROR)
 
 
-for command in (workspace, run_command, demo_command, bench, serve_command, fixtures):
+for command in (
+    workspace,
+    vault,
+    run_command,
+    sends,
+    demo_command,
+    bench,
+    serve_command,
+    fixtures,
+):
     main.add_command(command)

@@ -1,4 +1,4 @@
-"""``outloop bench claims|reconcile|render|mcp``: the benchmarks of the ``bench`` package.
+"""``outloop bench claims|reconcile|render|mcp|send``: the benchmarks of the ``bench`` package.
 Each measures its baseline in the same run and prints one JSON object with --json."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from typing import Any
 import anyio
 import click
 
-from bench import claims, reconcile, render
+from bench import claims, reconcile, render, send
 from mcp_server.cli.shared import F, choice_option, data_dir_option, number_option
 from mcp_server.composition import DATABASE_URL_SETTING, Settings
 
@@ -138,6 +138,29 @@ def bench_render(seconds: float, as_json: bool) -> None:
     """Render plus read-back verification of a Hebrew reply, on one core, against the bare
     template render."""
     echo_result(render.run(seconds), as_json, 16)
+
+
+@bench.command("send")
+@number_option(
+    "--sends", click.IntRange(min=1), 2000, "Messages sent each way: ledgered, and bare."
+)
+@choice_option(
+    "--mailbox",
+    send.MAILBOXES,
+    "file",
+    "The fake mailbox: file (each accepted send a committed SQLite transaction) or memory "
+    "(a list append in this process).",
+)
+@bench_output_options
+def bench_send(sends: int, mailbox: str, as_json: bool, data_dir: Path | None) -> None:
+    """Ledgered exactly-once sends per second through the fake mailbox (SQLite store in a
+    scratch directory), against bare sends (prepare + send) through the same channel in the
+    same run."""
+    scratch = _bench_scratch(data_dir)
+    result = send.run(
+        scratch, sends=sends, mailbox=mailbox, progress=lambda line: click.echo(line, err=True)
+    )
+    echo_result(result, as_json, 24)
 
 
 @bench.command("mcp")

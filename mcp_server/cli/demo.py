@@ -166,11 +166,17 @@ def _show_reconciliation(result: intake.RunResult, echo: Callable[[str], None]) 
 async def _subjects(maildir: Path) -> dict[str, str]:
     """Subjects by item, for display only (the demo's own sample mail)."""
     binding = MailboxBinding(mailbox_id=MAILBOX, provider="maildir", path=str(maildir))
-    return {
-        intake.item_ref(binding, item.item_ref): item.envelope.subject
-        async for item in MaildirProvider(maildir, MAILBOX).scan()
-        if item.envelope is not None
-    }
+    provider = MaildirProvider(maildir, MAILBOX)
+    subjects: dict[str, str] = {}
+    cursor: str | None = None
+    while True:
+        page = await provider.changes(cursor)
+        for item in page.items:
+            if item.envelope is not None:
+                subjects[intake.item_ref(binding, item.item_ref)] = item.envelope.subject
+        cursor = page.cursor
+        if not page.more:
+            return subjects
 
 
 @click.command("demo")
@@ -227,7 +233,7 @@ def run(settings: Settings, echo: Callable[[str], None]) -> None:
         _show_run(result, subjects, echo)
 
         echo("\n== replay of the same mailbox ==")
-        replay = anyio.run(run_cycle, station, WORKSPACE_ID, None)
+        replay = anyio.run(run_cycle, station, WORKSPACE_ID, None, True)
         kinds = sorted({i.disposition.value for i in replay.items})
         echo(
             f"{len(replay.items)} items, outcomes: {', '.join(kinds)} "

@@ -23,10 +23,13 @@ def _print_progress(progress: intake.Progress) -> None:
     click.echo(f"[{progress.done}/{progress.total}] {item.item_ref}: {item.disposition}", err=True)
 
 
-def _run_once(settings: Settings, workspace_id: str, quiet: bool) -> intake.RunResult:
+def _run_once(
+    settings: Settings, workspace_id: str, quiet: bool, from_start: bool
+) -> intake.RunResult:
     station = open_station(settings)
     try:
-        return anyio.run(run_cycle, station, workspace_id, None if quiet else _print_progress)
+        progress = None if quiet else _print_progress
+        return anyio.run(run_cycle, station, workspace_id, progress, from_start)
     finally:
         station.close()
 
@@ -81,6 +84,13 @@ def _echo_reconciliation(result: intake.RunResult) -> None:
 )
 @click.option("--json", "as_json", is_flag=True, help="Print each run's result as JSON.")
 @click.option("--quiet", is_flag=True, help="No per-item progress on stderr.")
+@click.option(
+    "--from-start",
+    is_flag=True,
+    help="Read every mailbox again from its beginning (a replay: items already done are "
+    "recorded as EXECUTION_ALREADY_DONE, nothing is created twice). Default: only what "
+    "arrived since the last run.",
+)
 @data_dir_option
 def run_command(
     workspace_id: str,
@@ -88,9 +98,11 @@ def run_command(
     interval: float,
     as_json: bool,
     quiet: bool,
+    from_start: bool,
     data_dir: Path | None,
 ) -> None:
-    """Run the intake cycle: scan, normalize, resolve, claim, task, triage, report, reconcile.
+    """Run the intake cycle: read each mailbox's new mail since its cursor, normalize,
+    resolve, claim, task, triage, report, reconcile.
 
     Exit status with --once: 0 clean, 3 the run did not reconcile clean, 4 a mailbox could
     not be read (named on stderr and in a health record; the other mailboxes still ran).
@@ -98,7 +110,8 @@ def run_command(
     settings = read_settings(data_dir)
     while True:
         try:
-            result = _run_once(settings, workspace_id, quiet)
+            result = _run_once(settings, workspace_id, quiet, from_start)
+            from_start = False  # a replay is one cycle; the next ones read what is new
         except OutloopError as exc:
             fail(exc)
         if as_json:

@@ -87,9 +87,13 @@ def choice_option(flag: str, choices: Sequence[str], default: str, help_text: st
 
 
 async def run_cycle(
-    station: Station, workspace_id: str, progress: Callable[[intake.Progress], None] | None
+    station: Station,
+    workspace_id: str,
+    progress: Callable[[intake.Progress], None] | None,
+    from_start: bool = False,
 ) -> intake.RunResult:
-    """One intake cycle of the workspace on this station, now."""
+    """One intake cycle of the workspace on this station, now (``from_start``: reading
+    every mailbox again from its beginning, not from its cursor)."""
     return await intake.run_cycle(
         store=station.store,
         data_dir=station.data_dir,
@@ -97,4 +101,5 @@ async def run_cycle(
         provider_for=station.provider_for,
         clock=SystemClock(),
         on_progress=progress,
+        from_start=from_start,
     )

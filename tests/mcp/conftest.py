@@ -21,7 +21,7 @@ from mcp.shared.exceptions import MCPError
 from mcp.types import CallToolResult
 
 from agent.domain.context import MailboxBinding
-from agent.domain.mail import Handover, SendResult, StoredCopy
+from agent.domain.mail import Capabilities, Handover, Marker, SendResult, StoredCopy
 from agent.ports import MailProvider
 from agent.providers.maildir import SENT_FOLDER, MaildirProvider
 from agent.services import workspaces
@@ -65,8 +65,12 @@ class SubmittingMaildir(MaildirProvider):
         result = await super().send(handover)
         return result.model_copy(update={"delivered": True, "channel": "test-submission"})
 
-    async def read_back(self, internet_message_id: str) -> StoredCopy | None:
-        copy = await super().read_back(internet_message_id)
+    @property
+    def capabilities(self) -> Capabilities:
+        return super().capabilities.model_copy(update={"delivers": True})
+
+    async def find_sent(self, marker: Marker) -> StoredCopy | None:
+        copy = await super().find_sent(marker)
         return copy.model_copy(update={"delivered": True}) if copy is not None else None
 
 
@@ -205,10 +209,12 @@ class Intake(NamedTuple):
     claims: list[dict[str, Any]]
 
 
-async def intake_and_claim(client: Client, mailbox_id: str = MAILBOX) -> Intake:
-    """One intake of the mailbox (the station's own unless named), then a claim of each item
-    in the order given."""
-    scanned = await call(client, "intake", mailbox_id=mailbox_id)
+async def intake_and_claim(
+    client: Client, mailbox_id: str = MAILBOX, *, from_start: bool = False
+) -> Intake:
+    """One intake of the mailbox (the station's own unless named; ``from_start``: a replay
+    of the whole mailbox), then a claim of each item in the order given."""
+    scanned = await call(client, "intake", mailbox_id=mailbox_id, from_start=from_start)
     claims = [
         await call(client, "claim", run_id=item["run_id"], item_ref=item["item_ref"])
         for item in scanned["items"]

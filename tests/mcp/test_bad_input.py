@@ -601,7 +601,7 @@ async def test_an_unknown_id_is_a_tool_error_saying_what_to_do_and_changes_nothi
     assert_harmless_tool_error(done, says)
 
 
-async def test_claim_of_a_run_from_an_earlier_server_process_says_to_call_intake_again(
+async def test_claim_of_a_run_from_an_earlier_server_process_is_read_from_the_store(
     station: OperatorStation,
 ) -> None:
     async with station.client() as first:
@@ -610,14 +610,18 @@ async def test_claim_of_a_run_from_an_earlier_server_process_says_to_call_intake
         found = await call(first, "intake", mailbox_id=MAILBOX)
     [unclaimed] = [i for i in found["items"] if i["item_ref"] != s.item_ref]
     async with station.client() as restarted:
-        done = await attempt(
+        claimed = await call(
+            restarted, "claim", run_id=found["run_id"], item_ref=unclaimed["item_ref"]
+        )
+        unknown = await attempt(
             restarted,
             station,
             s.task_id,
             "claim",
-            {"run_id": found["run_id"], "item_ref": unclaimed["item_ref"]},
+            {"run_id": "run-0000", "item_ref": unclaimed["item_ref"]},
         )
-    assert_harmless_tool_error(done, (found["run_id"], "call intake again"))
+    assert claimed["outcome"] == "CLAIMED" and claimed["task_id"] is not None
+    assert_harmless_tool_error(unknown, ("run-0000", "call intake again"))
 
 
 async def test_read_back_of_an_approval_request_is_a_tool_error(station: OperatorStation) -> None:

@@ -38,7 +38,7 @@ async def test_a_client_reply_written_to_a_local_outbox_never_counts_as_sent(
         closing = await refused(
             client, "report", task_id=task_id, outcome="waiting_client", evidence="quote sent"
         )
-    assert sent["delivered"] is False and sent["channel"] == "maildir-outbox"
+    assert sent["delivered"] is False and sent["channel"] == "local"
     assert sent["task_state"] == "APPROVED_TO_SEND"
     assert [c["name"] for c in read["checks"] if not c["ok"]] == ["delivered"]
     assert read["ok"] is False

@@ -113,11 +113,16 @@ def part(message: EmailMessage, subtype: str) -> str:
 async def provider_thread_of(station: OperatorStation, internet_message_id: str) -> str:
     """The provider's own thread id for an inbox message (read from the Maildir itself)."""
     provider = MaildirProvider(station.maildir, MAILBOX)
-    async for scanned in provider.scan():
-        envelope = scanned.envelope
-        if envelope is not None and envelope.internet_message_id == internet_message_id:
-            return envelope.provider_thread_id
-    raise AssertionError(f"{internet_message_id} is not in the Maildir inbox")
+    cursor: str | None = None
+    while True:
+        page = await provider.changes(cursor)
+        for scanned in page.items:
+            envelope = scanned.envelope
+            if envelope is not None and envelope.internet_message_id == internet_message_id:
+                return envelope.provider_thread_id
+        if not page.more:
+            raise AssertionError(f"{internet_message_id} is not in the Maildir inbox")
+        cursor = page.cursor
 
 
 def by_name(read_back: dict[str, Any]) -> dict[str, dict[str, Any]]:
@@ -224,7 +229,12 @@ async def test_scenario_02_two_servers_racing_on_the_same_occurrence_create_one_
         # Two independent servers: each Client enters its own lifespan and store connection.
         first = await stack.enter_async_context(station.client())
         second = await stack.enter_async_context(station.client())
-        scans = [await call(c, "intake", mailbox_id=MAILBOX) for c in (first, second)]
+        # The second server reads the mailbox from its start while the first run is open
+        # (as a worker whose cursor lagged would): both runs hold the same occurrence.
+        scans = [
+            await call(c, "intake", mailbox_id=MAILBOX, from_start=replay)
+            for c, replay in ((first, False), (second, True))
+        ]
         assert scans[0]["run_id"] != scans[1]["run_id"]
         assert scans[0]["items"][0]["item_ref"] == scans[1]["items"][0]["item_ref"]
         claims: list[dict[str, Any]] = [{}, {}]
@@ -268,7 +278,9 @@ async def test_scenario_02_four_server_processes_racing_on_the_same_occurrence_c
 
     async def racer(index: int, client: Client) -> None:
         nonlocal scanned_count
-        scanned = await call(client, "intake", mailbox_id=MAILBOX)
+        # Every server reads the mailbox from its start (as workers whose cursors lag behind
+        # would), so every run holds the same occurrence.
+        scanned = await call(client, "intake", mailbox_id=MAILBOX, from_start=True)
         [item] = scanned["items"]
         assert item["workspace_id"] == station.workspace_id
         # Every server has scanned the same occurrence before any of them claims it.
@@ -337,9 +349,14 @@ async def test_scenario_03_a_replay_after_completion_creates_nothing_and_is_full
         store.close()
     outbox_before = sent_by_message_id(station)
 
-    # The replay runs in a fresh server (a restart), over the same Maildir.
+    # The replay runs in a fresh server (a restart), over the same Maildir read again from
+    # its start (a plain intake reads only what arrived since the last one: nothing).
     async with station.client() as client:
-        replay, replayed = await intake_and_claim(client)
+        nothing_new, none = await intake_and_claim(client)
+        assert nothing_new["items"] == [] and none == []
+        [empty] = await reconcile_all(client, nothing_new)
+        assert empty["clean"] and empty["scanned"] == 0
+        replay, replayed = await intake_and_claim(client, from_start=True)
         assert len(replayed) == 2
         for claim in replayed:
             assert claim["outcome"] == claim["disposition"] == "EXECUTION_ALREADY_DONE"
@@ -357,7 +374,7 @@ async def test_scenario_03_a_replay_after_completion_creates_nothing_and_is_full
     try:
         counts_after = store.counts()
         # Only the replay's own run and its ledger rows are new.
-        assert counts_after["runs"] == counts_before["runs"] + 1
+        assert counts_after["runs"] == counts_before["runs"] + 2  # the empty intake and the replay
         assert counts_after["run_items"] == counts_before["run_items"] + 2
         for name in ("executions", "executions_done", "tasks", "task_messages", "sends"):
             assert counts_after[name] == counts_before[name], name

@@ -237,12 +237,24 @@ async def test_claim_returns_a_long_body_cut_at_the_limit_and_marked_truncated(
     assert message["body_text"].startswith("line 00000 of a long message")
 
 
-async def test_a_second_intake_finds_the_claimed_message_already_done(
+async def test_a_second_intake_reads_only_what_arrived_since_the_first(
+    station: OperatorStation,
+) -> None:
+    async with station.client() as client:
+        await new_task(client, station, sender=CLIENT)
+        again, claims = await intake_and_claim(client)
+        station.deliver(sender=CLIENT, subject="Another request")
+        later, _ = await intake_and_claim(client)
+    assert again["items"] == [] and claims == []
+    assert len(later["items"]) == 1
+
+
+async def test_a_replay_finds_the_claimed_message_already_done(
     station: OperatorStation,
 ) -> None:
     async with station.client() as client:
         _, task_id = await new_task(client, station, sender=CLIENT)
-        _, claims = await intake_and_claim(client)
+        _, claims = await intake_and_claim(client, from_start=True)
     assert [c["outcome"] for c in claims] == ["EXECUTION_ALREADY_DONE"]
     assert claims[0]["task_id"] is None
     assert claims[0]["message"] is None
@@ -672,7 +684,7 @@ async def test_an_approvers_reply_taken_in_by_intake_lets_the_approved_draft_go_
     assert done["open_gates"] == []
 
     total = second["terminal"] + second["non_terminal"] + second["claim_race"]
-    assert second["scanned"] == total == 2
+    assert second["scanned"] == total == 1  # only the approver's reply is new
     assert second["reconciliation_failed"] == 0
     assert second["clean"] is True
     assert len(sent_messages(station.maildir)) == 2  # the approval request and the reply

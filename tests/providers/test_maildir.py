@@ -1,4 +1,5 @@
-"""MaildirProvider against real Maildirs on disk: scan, threading, send, read-back, health."""
+"""MaildirProvider against real Maildirs on disk: changes and their cursors, threading, attachments,
+send, finding the sent copy by its marker, health. (The port's contract: test_provider_contract.py.)"""
 
 from __future__ import annotations
 
@@ -8,16 +9,28 @@ import hashlib
 import itertools
 import mailbox
 import os
-from datetime import UTC, datetime
+import shutil
+from datetime import UTC, datetime, timedelta
 from email.message import EmailMessage
 from pathlib import Path
 
 import pytest
 
-from agent.domain.envelope import Address
-from agent.domain.errors import ProviderError
-from agent.domain.mail import OutgoingMessage, ProviderHealth, ScannedMessage
+from agent.domain.envelope import Address, occurrence_key
+from agent.domain.errors import CursorExpired, NotFound, ProviderError, Unsupported
+from agent.domain.mail import (
+    Channel,
+    Marker,
+    MarkerKind,
+    OutgoingMessage,
+    ProviderHealth,
+    ScannedMessage,
+    StoredCopy,
+)
+from agent.providers import mime
 from agent.providers.maildir import MaildirProvider
+from agent.testing import FrozenClock
+from agent.testing.providers import attachment, ids, read_all
 
 MAILBOX = "support@fabrikam.test"
 CLIENT = "Dana Levi <dana.levi@contoso.test>"
@@ -78,7 +91,13 @@ def build(
 
 
 async def scan_all(provider: MaildirProvider) -> list[ScannedMessage]:
-    return [item async for item in provider.scan()]
+    """Every change from the start, page by page."""
+    items, _ = await read_all(provider)
+    return items
+
+
+async def read_back(provider: MaildirProvider, mid: str) -> StoredCopy | None:
+    return await provider.find_sent(Marker(kind=MarkerKind.MESSAGE_ID, value=mid))
 
 
 async def threads_by_message_id(provider: MaildirProvider) -> dict[str, str]:
@@ -123,7 +142,7 @@ def inbox_snapshot(path: Path) -> tuple[list[str], dict[str, str]]:
     return names, hashes
 
 
-# --- scan -------------------------------------------------------------------------------
+# --- changes ----------------------------------------------------------------------------
 
 
 @pytest.mark.anyio
@@ -228,6 +247,91 @@ async def test_message_without_date_falls_back_to_the_time_in_the_file_name(
     assert item.envelope.received_at == datetime.fromtimestamp(1790000000, UTC)
 
 
+# --- capabilities, cursors and paging ---------------------------------------------------
+
+
+def test_capabilities_say_what_a_local_maildir_can_do(provider: MaildirProvider) -> None:
+    capabilities = provider.capabilities
+
+    assert capabilities.channel is Channel.LOCAL
+    assert capabilities.key_basis and not capabilities.native_threads
+    assert capabilities.markers == (MarkerKind.MESSAGE_ID, MarkerKind.HEADER)
+    assert capabilities.keeps_sent_copy
+    assert capabilities.sent_copy_latency == timedelta(0)
+    assert capabilities.delivers is False
+    assert capabilities.page_size == 100
+
+
+def test_a_marker_a_maildir_cannot_set_is_refused(maildir_path: Path) -> None:
+    with pytest.raises(ValueError, match="marks its copies by"):
+        MaildirProvider(maildir_path, MAILBOX, markers=(MarkerKind.NATIVE,))
+    with pytest.raises(ValueError, match="marks its copies by"):
+        MaildirProvider(maildir_path, MAILBOX, markers=())
+
+
+@pytest.mark.anyio
+async def test_a_cursor_is_a_versioned_string_and_a_damaged_one_expires(
+    provider: MaildirProvider, box: mailbox.Maildir
+) -> None:
+    box.add(build(mid="<a@contoso.test>"))
+    page = await provider.changes(None)
+    version, _, body = page.cursor.partition(".")
+
+    assert version == "maildir-v1"
+    for damaged in (page.cursor[:-4], f"maildir-v0.{body}", "maildir-v1.!!", "maildir:1"):
+        with pytest.raises(CursorExpired):
+            await provider.changes(damaged)
+
+
+@pytest.mark.anyio
+async def test_a_rebuilt_maildir_expires_its_cursors_and_is_read_again_in_full(
+    provider: MaildirProvider, box: mailbox.Maildir, maildir_path: Path
+) -> None:
+    box.add(build(mid="<a@contoso.test>"))
+    _, cursor = await read_all(provider)
+    old = maildir_path.with_name("old")
+    maildir_path.rename(old)
+    shutil.copytree(old, maildir_path)
+
+    with pytest.raises(CursorExpired, match="rebuilt"):
+        await provider.changes(cursor)
+    assert ids(await scan_all(provider)) == ["<a@contoso.test>"]
+
+
+@pytest.mark.anyio
+async def test_mail_whose_name_sorts_before_every_read_file_is_still_read_exactly_once(
+    box: mailbox.Maildir, maildir_path: Path
+) -> None:
+    provider = MaildirProvider(maildir_path, MAILBOX, page_size=2)
+    for n in range(3):
+        box.add(build(mid=f"<m{n}@contoso.test>"))
+    first = await provider.changes(None)
+    early = build(mid="<early@contoso.test>").as_bytes()
+    (maildir_path / "new" / "0000000001.early.host").write_bytes(early)
+
+    rest, cursor = await read_all(provider, first.cursor)
+
+    assert len(first.items) == 2 and first.more
+    assert sorted(str(m) for m in ids([*first.items, *rest])) == sorted(
+        ["<early@contoso.test>", "<m0@contoso.test>", "<m1@contoso.test>", "<m2@contoso.test>"]
+    )
+    assert ids((await read_all(provider, cursor))[0]) == []
+
+
+@pytest.mark.anyio
+async def test_a_message_delivered_twice_is_two_items_of_one_occurrence(
+    provider: MaildirProvider, box: mailbox.Maildir
+) -> None:
+    box.add(build(mid="<twice@contoso.test>"))
+    box.add(build(mid="<twice@contoso.test>"))
+
+    first, second = await scan_all(provider)
+
+    assert first.item_ref != second.item_ref
+    assert first.envelope is not None and second.envelope is not None
+    assert occurrence_key("ws", first.envelope) == occurrence_key("ws", second.envelope)
+
+
 # --- threading --------------------------------------------------------------------------
 
 
@@ -274,6 +378,19 @@ async def test_unrelated_message_with_the_same_subject_gets_a_different_thread_i
     threads = await threads_by_message_id(provider)
 
     assert len(set(threads.values())) == 3
+
+
+@pytest.mark.anyio
+async def test_a_client_answer_naming_only_our_sent_reply_joins_the_thread_through_it(
+    provider: MaildirProvider, box: mailbox.Maildir
+) -> None:
+    box.add(build(mid="<client-1@contoso.test>"))
+    await provider.send(await provider.prepare(outgoing()))  # References the client's message
+    box.add(build(mid="<client-2@contoso.test>", in_reply_to="<reply-1@fabrikam.test>"))
+
+    threads = await threads_by_message_id(provider)
+
+    assert threads["<client-2@contoso.test>"] == threads["<client-1@contoso.test>"]
 
 
 THREAD_FILES = {
@@ -445,7 +562,7 @@ async def test_fetch_body_of_a_foreign_reference_raises_provider_error(
         await provider.fetch_body("pm-1")
 
 
-# --- send and read_back -----------------------------------------------------------------
+# --- send and find_sent -----------------------------------------------------------------
 
 
 @pytest.mark.anyio
@@ -455,7 +572,7 @@ async def test_send_writes_an_rfc822_copy_into_the_sent_folder(
     result = await provider.send(await provider.prepare(outgoing()))
 
     assert result.delivered is False
-    assert result.channel == "maildir-outbox"
+    assert result.channel == "local"
     assert result.internet_message_id == "<reply-1@fabrikam.test>"
     assert result.provider_thread_id == "mt-thread"
     assert result.provider_message_id.startswith("maildir:Sent/")
@@ -484,11 +601,11 @@ async def test_send_writes_an_rfc822_copy_into_the_sent_folder(
 
 
 @pytest.mark.anyio
-async def test_read_back_finds_the_sent_copy_by_message_id(provider: MaildirProvider) -> None:
+async def test_find_sent_finds_the_copy_by_its_message_id(provider: MaildirProvider) -> None:
     await provider.send(await provider.prepare(outgoing("<other@fabrikam.test>", html=None)))
     result = await provider.send(await provider.prepare(outgoing()))
 
-    copy = await provider.read_back("<reply-1@fabrikam.test>")
+    copy = await read_back(provider, "<reply-1@fabrikam.test>")
 
     assert copy is not None
     assert copy.internet_message_id == "<reply-1@fabrikam.test>"
@@ -503,7 +620,7 @@ async def test_read_back_finds_the_sent_copy_by_message_id(provider: MaildirProv
 
 
 @pytest.mark.anyio
-async def test_read_back_of_a_reply_names_the_thread_of_the_inbox_message(
+async def test_the_found_copy_of_a_reply_names_the_thread_of_the_inbox_message(
     provider: MaildirProvider, box: mailbox.Maildir
 ) -> None:
     box.add(build(mid="<client-1@contoso.test>"))
@@ -512,22 +629,22 @@ async def test_read_back_of_a_reply_names_the_thread_of_the_inbox_message(
     thread = item.envelope.provider_thread_id
 
     await provider.send(await provider.prepare(outgoing(thread=thread)))
-    copy = await provider.read_back("<reply-1@fabrikam.test>")
+    copy = await read_back(provider, "<reply-1@fabrikam.test>")
 
     assert copy is not None
     assert copy.provider_thread_id == thread
 
 
 @pytest.mark.anyio
-async def test_read_back_of_an_unknown_message_id_returns_none(
+async def test_find_sent_of_an_unknown_message_id_returns_none_and_creates_no_folder(
     provider: MaildirProvider, maildir_path: Path
 ) -> None:
-    assert await provider.read_back("<never-sent@fabrikam.test>") is None
+    assert await read_back(provider, "<never-sent@fabrikam.test>") is None
     assert not (maildir_path / ".Sent").exists()
 
     await provider.send(await provider.prepare(outgoing()))
 
-    assert await provider.read_back("<never-sent@fabrikam.test>") is None
+    assert await read_back(provider, "<never-sent@fabrikam.test>") is None
 
 
 @pytest.mark.anyio
@@ -548,7 +665,7 @@ async def test_provider_never_modifies_the_inbox(
         if item.envelope is not None:
             await provider.fetch_body(item.envelope.body_ref)
     await provider.send(await provider.prepare(outgoing()))
-    assert await provider.read_back("<reply-1@fabrikam.test>") is not None
+    assert await read_back(provider, "<reply-1@fabrikam.test>") is not None
     await scan_all(provider)
     await provider.health()
 
@@ -564,6 +681,69 @@ async def test_sent_copies_do_not_appear_in_the_inbox_scan(provider: MaildirProv
     await provider.send(await provider.prepare(outgoing()))
 
     assert await scan_all(provider) == []
+
+
+@pytest.mark.anyio
+async def test_prepare_and_send_date_the_copy_by_the_adapter_s_clock(maildir_path: Path) -> None:
+    clock = FrozenClock()
+    provider = MaildirProvider(maildir_path, MAILBOX, clock=clock)
+
+    result = await provider.send(await provider.prepare(outgoing()))
+
+    assert result.accepted_at == clock.now()
+    sent = mailbox.Maildir(str(maildir_path / ".Sent"), create=False)
+    [key] = list(sent.keys())
+    assert b"Date: Mon, 30 Nov 2026 09:00:00 +0000" in sent.get_bytes(key)
+
+
+@pytest.mark.anyio
+async def test_a_header_marker_is_written_into_the_copy_and_finds_it(maildir_path: Path) -> None:
+    provider = MaildirProvider(maildir_path, MAILBOX, markers=(MarkerKind.HEADER,))
+    token = mime.send_token("<reply-1@fabrikam.test>")
+
+    handover = await provider.prepare(outgoing())
+    result = await provider.send(handover)
+
+    assert handover.marker == Marker(kind=MarkerKind.HEADER, value=token)
+    assert handover.marker is not None
+    sent = mailbox.Maildir(str(maildir_path / ".Sent"), create=False)
+    [key] = list(sent.keys())
+    assert f"X-Outloop-Send: {token}\r\n".encode() in sent.get_bytes(key)
+    copy = await provider.find_sent(handover.marker)
+    assert copy is not None and copy.provider_message_id == result.provider_message_id
+    other = Marker(kind=MarkerKind.HEADER, value=mime.send_token("<other@fabrikam.test>"))
+    assert await provider.find_sent(other) is None
+    with pytest.raises(Unsupported):
+        await read_back(provider, "<reply-1@fabrikam.test>")
+
+
+@pytest.mark.anyio
+async def test_a_sent_copy_s_attachments_are_fetched_by_the_references_it_reads_back_with(
+    provider: MaildirProvider,
+) -> None:
+    invoice = attachment("invoice.pdf", "application/pdf", b"%PDF-1.7\n\xff\x00")
+    message = outgoing().model_copy(update={"attachments": (invoice,)})
+
+    await provider.send(await provider.prepare(message))
+    copy = await read_back(provider, message.internet_message_id)
+
+    assert copy is not None
+    [ref] = copy.attachments
+    assert (ref.name, ref.content_type, ref.size) == ("invoice.pdf", "application/pdf", 11)
+    assert ref.sha256 == invoice.ref.sha256
+    fetched = await provider.fetch_attachment(ref.ref)
+    assert fetched.data == invoice.data
+
+
+@pytest.mark.anyio
+async def test_an_attachment_reference_that_names_no_attachment_is_not_found(
+    provider: MaildirProvider, box: mailbox.Maildir
+) -> None:
+    key = box.add(build(mid="<plain@contoso.test>"))
+
+    for ref in (f"maildir:{key}/0", f"maildir:{key}/x", f"maildir:{key}", "maildir:gone/0"):
+        with pytest.raises(NotFound):
+            await provider.fetch_attachment(ref)
 
 
 # --- missing Maildir and health ---------------------------------------------------------
@@ -582,7 +762,7 @@ async def test_missing_maildir_path_raises_provider_error_naming_the_path(
     with pytest.raises(ProviderError, match="no-such-maildir"):
         await provider.send(await provider.prepare(outgoing()))
     with pytest.raises(ProviderError, match="no-such-maildir"):
-        await provider.read_back("<reply-1@fabrikam.test>")
+        await read_back(provider, "<reply-1@fabrikam.test>")
     assert not missing.exists()
 
 

@@ -1,249 +1,194 @@
-"""The MailProvider contract, run against every adapter (the in-memory fake and Maildir)."""
+"""The MailProvider contract (agent/testing/providers.py), run on every adapter: the fake
+through each of its channels (in memory, and kept in a file several processes share), and
+the Maildir. A new adapter is done when a class of a few lines here passes."""
 
 from __future__ import annotations
 
 import mailbox
-from collections.abc import Callable
-from email.message import EmailMessage
+import shutil
+from collections.abc import Mapping
+from dataclasses import replace
+from datetime import timedelta
+from hashlib import sha256
 from pathlib import Path
+from typing import ClassVar
 
-import pytest
-
-from agent.domain.envelope import Address
-from agent.domain.errors import ProviderError
-from agent.domain.handover import check_handover
-from agent.domain.mail import OutgoingMessage, ProviderHealth, ScannedMessage
+from agent.domain.mail import MarkerKind
 from agent.ports import MailProvider
 from agent.providers.maildir import MaildirProvider
-from agent.testing import InMemoryProvider, make_envelope
+from agent.testing import (
+    API,
+    BROWSER,
+    IMAP,
+    ChannelView,
+    FileClock,
+    FileMailbox,
+    FrozenClock,
+    InMemoryProvider,
+    MailboxState,
+    MemoryMailbox,
+)
+from agent.testing.providers import MAILBOX, Fault, MailboxHooks, MailProviderContract
 
-MAILBOX = "Support@Fabrikam.test"
-ADAPTERS = ["memory", "maildir"]
-
-# deliver(message_no, text) puts one message into the mailbox and returns its Message-ID.
-Deliver = Callable[[int, str], str]
-
-
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
-def message_id(message_no: int) -> str:
-    # the same Message-ID make_envelope gives message ``message_no``
-    return f"<m{message_no}@example.test>"
-
-
-@pytest.fixture(params=ADAPTERS)
-def adapter(request: pytest.FixtureRequest, tmp_path: Path) -> tuple[MailProvider, Deliver]:
-    kind = str(request.param)
-    if kind == "memory":
-        memory = InMemoryProvider(MAILBOX)
-
-        def deliver_memory(message_no: int, text: str) -> str:
-            envelope = make_envelope(
-                mailbox_id=memory.mailbox_id, message_no=message_no, thread_no=1
-            )
-            memory.deliver(envelope, text=text)
-            assert envelope.internet_message_id is not None
-            return envelope.internet_message_id
-
-        return memory, deliver_memory
-
-    assert kind == "maildir"
-    path = tmp_path / "Maildir"
-    box = mailbox.Maildir(str(path), create=True)
-
-    def deliver_maildir(message_no: int, text: str) -> str:
-        msg = EmailMessage()
-        msg["From"] = "client@example.test"
-        msg["To"] = MAILBOX
-        msg["Subject"] = "Request 1"
-        msg["Date"] = "Sun, 01 Nov 2026 00:00:00 +0000"
-        msg["Message-ID"] = message_id(message_no)
-        msg.set_content(text)
-        box.add(msg.as_bytes())
-        return message_id(message_no)
-
-    return MaildirProvider(path, MAILBOX), deliver_maildir
+VIEWS = {
+    "api": replace(API, page_size=3, sent_copy_latency=timedelta(seconds=10)),
+    "browser": replace(BROWSER, page_size=3),
+    "imap": replace(IMAP, page_size=3),
+}
 
 
-async def scan_all(provider: MailProvider) -> list[ScannedMessage]:
-    return [item async for item in provider.scan()]
+class OnFake(MailboxHooks):
+    """The fake mailbox, shown through its api, browser and imap channels; ``channels[0]``
+    is the one a test builds unless it names another."""
+
+    faults: ClassVar[frozenset[Fault]] = frozenset(Fault)
+    cannot: ClassVar[Mapping[Fault, str]] = {}
+    channels: ClassVar[tuple[str, ...]] = ("api", "browser", "imap")
+    state: MailboxState
+    clock: FrozenClock | FileClock
+    dropped: bool
+    no_copy: bool
+
+    def setup_mailbox(self) -> None:
+        self.clock = FrozenClock()
+        self.state = MemoryMailbox(MAILBOX, "memory", self.clock)
+        self.dropped = self.no_copy = False
+
+    def view(self, channel: str | None) -> ChannelView:
+        view = VIEWS[channel or self.channels[0]]
+        if self.dropped and not view.replaces_message_id:
+            kept = tuple(k for k in view.markers if k is not MarkerKind.MESSAGE_ID)
+            view = replace(view, replaces_message_id=True, markers=kept)
+        if self.no_copy:
+            view = replace(view, keeps_sent_copy=False, markers=())
+        return view
+
+    def build(
+        self, *, channel: str | None = None, markers: tuple[MarkerKind, ...] | None = None
+    ) -> MailProvider:
+        view = self.view(channel)
+        if markers is not None:
+            assert set(markers) <= set(view.markers)
+            view = replace(view, markers=markers)
+        return InMemoryProvider.through(self.state, view)
+
+    def deliver(self, raw: bytes) -> None:
+        self.state.deliver_raw(raw)
+
+    def flip(self, fault: Fault) -> None:
+        view = self.view(None)
+        if fault is Fault.LOST_ACK:
+            self.state.lose_acks(1)
+        elif fault is Fault.LATE_SENT_COPY:
+            self.state.delay_sent_copies(view.sent_copy_latency, channel=view.name)
+        elif fault is Fault.EXPIRED_CURSOR:
+            self.state.expire_cursors()
+        elif fault is Fault.DROPPED_MESSAGE_ID:
+            self.dropped = True
+        else:
+            self.no_copy = True
+
+    def advance(self, delta: timedelta) -> None:
+        self.clock.advance(seconds=delta.total_seconds())
+
+    def snapshot(self) -> Mapping[str, str]:
+        return self.state.snapshot()
+
+    def sent_copies(self, message_id: str) -> int:
+        # What the channel handed over (a provider that replaces our Message-ID on its copy,
+        # or keeps no copy, still took the message).
+        sent = self.state.sent_records()
+        return sum(1 for record in sent if record.message.internet_message_id == message_id)
 
 
-def reply(provider_thread_id: str, mid: str = "<reply-1@fabrikam.test>") -> OutgoingMessage:
-    return OutgoingMessage(
-        provider_thread_id=provider_thread_id,
-        in_reply_to=message_id(1),
-        references=(message_id(1),),
-        sender=Address(address="support@fabrikam.test", name="Fabrikam Support"),
-        to=(Address(address="client@example.test", name="Client"),),
-        cc=(Address(address="noa.bar@fabrikam.test"),),
-        subject="Re: Request 1",
-        text="We are on it.",
-        html="<p>We are on it.</p>",
-        internet_message_id=mid,
-    )
+class TestFakeThroughItsApi(OnFake, MailProviderContract): ...
 
 
-def test_adapter_is_a_mail_provider(adapter: tuple[MailProvider, Deliver]) -> None:
-    provider, _ = adapter
-
-    assert isinstance(provider, MailProvider)
+class TestFakeThroughItsBrowser(OnFake, MailProviderContract):
+    channels: ClassVar[tuple[str, ...]] = ("browser", "api", "imap")
 
 
-def test_adapter_reports_a_name_and_the_lowercased_mailbox_id(
-    adapter: tuple[MailProvider, Deliver],
-) -> None:
-    provider, _ = adapter
-
-    assert provider.provider
-    assert provider.mailbox_id == "support@fabrikam.test"
-
-
-@pytest.mark.anyio
-async def test_empty_mailbox_scans_to_nothing(adapter: tuple[MailProvider, Deliver]) -> None:
-    provider, _ = adapter
-
-    assert await scan_all(provider) == []
+class TestFakeThroughImapWithoutNativeThreads(OnFake, MailProviderContract):
+    channels: ClassVar[tuple[str, ...]] = ("imap", "api", "browser")
+    faults: ClassVar[frozenset[Fault]] = frozenset(Fault) - {Fault.LATE_SENT_COPY}
+    cannot: ClassVar[Mapping[Fault, str]] = {
+        Fault.LATE_SENT_COPY: "an IMAP client appends its own sent copy: searchable at once",
+    }
 
 
-@pytest.mark.anyio
-async def test_delivered_message_is_scanned_exactly_once_with_provider_ids(
-    adapter: tuple[MailProvider, Deliver],
-) -> None:
-    provider, deliver = adapter
-    mid = deliver(1, "Please help.")
+class OnFakeInAFile(OnFake):
+    """The fake mailbox kept in a SQLite file, with a clock in a file (what several
+    processes share)."""
 
-    items = await scan_all(provider)
+    def setup_mailbox(self) -> None:
+        self.clock = FileClock(self.where / "clock")
+        self.state = FileMailbox(self.where / "mailbox.db", MAILBOX, "memory", self.clock)
+        self.dropped = self.no_copy = False
 
-    assert len(items) == 1
-    [item] = items
-    assert item.error is None
-    envelope = item.envelope
-    assert envelope is not None
-    assert item.item_ref == envelope.provider_message_id
-    assert envelope.internet_message_id == mid
-    assert envelope.provider_message_id
-    assert envelope.provider_thread_id
-    assert envelope.provider == provider.provider
-    assert envelope.mailbox_id == provider.mailbox_id
-    assert envelope.received_at.tzinfo is not None
-    assert envelope.content_digest
+    def teardown_mailbox(self) -> None:
+        assert isinstance(self.state, FileMailbox)
+        self.state.close()
 
 
-@pytest.mark.anyio
-async def test_scanning_twice_yields_the_same_ids(adapter: tuple[MailProvider, Deliver]) -> None:
-    provider, deliver = adapter
-    deliver(1, "one")
-    deliver(2, "two")
-
-    first = await scan_all(provider)
-    second = await scan_all(provider)
-
-    assert len(first) == 2
-    assert [i.item_ref for i in first] == [i.item_ref for i in second]
-    assert [i.envelope for i in first] == [i.envelope for i in second]
+class TestFakeInAFileThroughItsApi(OnFakeInAFile, MailProviderContract): ...
 
 
-@pytest.mark.anyio
-async def test_fetch_body_returns_the_delivered_text(
-    adapter: tuple[MailProvider, Deliver],
-) -> None:
-    provider, deliver = adapter
-    deliver(1, "Please help with the invoice.")
-    [item] = await scan_all(provider)
-    assert item.envelope is not None
-
-    body = await provider.fetch_body(item.envelope.body_ref)
-
-    assert body.text.strip() == "Please help with the invoice."
+class TestFakeInAFileThroughItsBrowser(OnFakeInAFile, MailProviderContract):
+    channels: ClassVar[tuple[str, ...]] = ("browser", "api", "imap")
 
 
-@pytest.mark.anyio
-async def test_send_then_read_back_round_trips_subject_recipients_and_message_id(
-    adapter: tuple[MailProvider, Deliver],
-) -> None:
-    provider, deliver = adapter
-    deliver(1, "Please help.")
-    [item] = await scan_all(provider)
-    assert item.envelope is not None
-    outgoing = reply(item.envelope.provider_thread_id)
+class OnMaildir(MailboxHooks):
+    """A Maildir in the test's directory."""
 
-    result = await provider.send(await provider.prepare(outgoing))
-    copy = await provider.read_back(outgoing.internet_message_id)
+    faults: ClassVar[frozenset[Fault]] = frozenset({Fault.EXPIRED_CURSOR})
+    cannot: ClassVar[Mapping[Fault, str]] = {
+        Fault.LOST_ACK: "writing a local file returns or fails: there is no answer to lose",
+        Fault.LATE_SENT_COPY: "a copy written to .Sent is searchable at once (latency 0)",
+        Fault.DROPPED_MESSAGE_ID: "the Maildir keeps every header we write",
+        Fault.NO_SENT_COPY: "a Maildir send is the writing of its sent copy",
+    }
 
-    assert result.internet_message_id == outgoing.internet_message_id
-    assert result.provider_thread_id == item.envelope.provider_thread_id
-    assert result.provider_message_id
-    assert result.accepted_at.tzinfo is not None
-    assert copy is not None
-    assert copy.internet_message_id == outgoing.internet_message_id
-    assert copy.subject == outgoing.subject
-    assert [a.address for a in copy.to] == [a.address for a in outgoing.to]
-    assert [a.address for a in copy.cc] == [a.address for a in outgoing.cc]
-    assert copy.sender is not None
-    assert copy.sender.address == outgoing.sender.address
-    assert copy.provider_message_id == result.provider_message_id
-    assert copy.provider_thread_id == item.envelope.provider_thread_id
-    assert copy.text.strip() == outgoing.text
-    assert copy.html is not None
-    assert outgoing.html is not None
-    assert copy.html.strip() == outgoing.html
+    @property
+    def path(self) -> Path:
+        return self.where / "Maildir"
 
+    def setup_mailbox(self) -> None:
+        mailbox.Maildir(str(self.path), create=True).add_folder("Sent")  # as a mail client makes it
 
-@pytest.mark.anyio
-async def test_read_back_of_an_unknown_message_id_is_none(
-    adapter: tuple[MailProvider, Deliver],
-) -> None:
-    provider, deliver = adapter
-    deliver(1, "Please help.")
+    def build(
+        self, *, channel: str | None = None, markers: tuple[MarkerKind, ...] | None = None
+    ) -> MailProvider:
+        assert channel in (None, self.channels[0])
+        if markers is None:
+            return MaildirProvider(self.path, MAILBOX, page_size=3)
+        return MaildirProvider(self.path, MAILBOX, page_size=3, markers=markers)
 
-    assert await provider.read_back("<never-sent@fabrikam.test>") is None
-    await provider.send(await provider.prepare(reply("thread-1")))
-    assert await provider.read_back("<never-sent@fabrikam.test>") is None
+    def deliver(self, raw: bytes) -> None:
+        mailbox.Maildir(str(self.path), create=False).add(raw)
 
+    def flip(self, fault: Fault) -> None:
+        assert fault is Fault.EXPIRED_CURSOR
+        old = self.path.with_name("Maildir.old")
+        self.path.rename(old)  # the folder is rebuilt: the same messages in new files
+        shutil.copytree(old, self.path)
+        shutil.rmtree(old)
 
-@pytest.mark.anyio
-async def test_health_is_ok(adapter: tuple[MailProvider, Deliver]) -> None:
-    provider, deliver = adapter
-    deliver(1, "Please help.")
+    def advance(self, delta: timedelta) -> None:
+        raise AssertionError("a Maildir's copies are searchable at once")
 
-    health = await provider.health()
+    def snapshot(self) -> Mapping[str, str]:
+        return {
+            str(p.relative_to(self.path)): sha256(p.read_bytes()).hexdigest()
+            for p in sorted(self.path.rglob("*"))
+            if p.is_file() and "tmp" not in p.relative_to(self.path).parts
+        }
 
-    assert isinstance(health, ProviderHealth)
-    assert health.ok is True
-    assert health.provider == provider.provider
-    assert health.mailbox_id == provider.mailbox_id
-    assert health.detail
+    def sent_copies(self, message_id: str) -> int:
+        sent = mailbox.Maildir(str(self.path), create=False).get_folder("Sent")
+        return sum(1 for message in sent if message["Message-ID"] == message_id)
+
+    def context_path(self) -> str | None:
+        return str(self.path)
 
 
-@pytest.mark.anyio
-async def test_what_a_channel_prepares_is_exactly_the_plan_and_is_what_it_stores(
-    adapter: tuple[MailProvider, Deliver],
-) -> None:
-    provider, deliver = adapter
-    deliver(1, "Please help.")
-    outgoing = reply("thread-1")
-
-    handover = await provider.prepare(outgoing)
-    await provider.send(handover)
-    copy = await provider.read_back(outgoing.internet_message_id)
-
-    assert handover.message == outgoing
-    assert check_handover(handover) == ()
-    assert copy is not None
-    assert (copy.bcc, copy.reply_to, copy.other_address_headers) == ((), (), ())
-
-
-@pytest.mark.anyio
-async def test_a_message_that_cannot_be_written_as_planned_is_refused_by_prepare(
-    adapter: tuple[MailProvider, Deliver],
-) -> None:
-    provider, _ = adapter
-    # An address that is no plain addr-spec: nothing may be written for it.
-    odd = reply("thread-1").model_copy(update={"to": (Address(address="a@b>, m@evil.test"),)})
-
-    with pytest.raises(ProviderError):
-        await provider.prepare(odd)
+class TestMaildir(OnMaildir, MailProviderContract): ...

@@ -54,19 +54,34 @@ def test_message_without_message_id_has_no_internet_id_and_a_note_saying_so() ->
     assert envelope.sender.address == "dana.levi@contoso.test"
 
 
-def test_two_different_messages_sharing_a_message_id_get_different_digests_and_keys() -> None:
+def test_two_different_messages_sharing_a_message_id_get_different_keys() -> None:
     first = normalize(
         message(*BASIC, "Subject: Invoice", "Message-ID: <dup@contoso.test>", body=b"one\r\n"),
         provider_message_id="pm-1",
     )
     second = normalize(
-        message(*BASIC, "Subject: Invoice", "Message-ID: <dup@contoso.test>", body=b"two\r\n"),
+        message(*BASIC, "Subject: Receipt", "Message-ID: <dup@contoso.test>", body=b"two\r\n"),
         provider_message_id="pm-2",
     )
 
     assert first.internet_message_id == second.internet_message_id == "<dup@contoso.test>"
     assert first.content_digest != second.content_digest
     assert occurrence_key("ws-1", first) != occurrence_key("ws-1", second)
+
+
+def test_a_message_keys_by_its_headers_never_by_its_body() -> None:
+    # Each channel renders a body differently (MIME, a JSON resource, a web page): the key
+    # rests on the headers every channel shows alike.
+    first = normalize(
+        message(*BASIC, "Subject: Invoice", "Message-ID: <one@contoso.test>", body=b"one\r\n"),
+        provider_message_id="pm-1",
+    )
+    second = normalize(
+        message(*BASIC, "Subject:  Invoice ", "Message-ID: <one@contoso.test>", body=b"two\r\n"),
+        provider_message_id="uid:7",
+    )
+
+    assert occurrence_key("ws-1", first) == occurrence_key("ws-1", second)
 
 
 def test_same_message_delivered_twice_with_different_received_headers_gets_the_same_key() -> None:

@@ -54,11 +54,22 @@ class Station(NamedTuple):
         return self.register(text), InMemoryProvider(mailbox)
 
     async def cycle(
-        self, workspace_id: str, *mailboxes: MailProvider, holder: str | None = None
+        self,
+        workspace_id: str,
+        *mailboxes: MailProvider,
+        holder: str | None = None,
+        from_start: bool = False,
     ) -> intake.RunResult:
-        """One intake cycle of ``workspace_id`` over ``mailboxes``."""
+        """One intake cycle of ``workspace_id`` over ``mailboxes`` (``from_start``: a replay
+        of each whole mailbox)."""
         return await run_intake(
-            self.store, self.data_dir, workspace_id, self.clock, *mailboxes, holder=holder
+            self.store,
+            self.data_dir,
+            workspace_id,
+            self.clock,
+            *mailboxes,
+            holder=holder,
+            from_start=from_start,
         )
 
 

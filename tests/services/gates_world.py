@@ -100,8 +100,15 @@ class World:
         await self.intake()
         return reply
 
-    async def intake(self) -> intake.RunResult:
-        return await run_intake(self.store, self.data_dir, self.workspace_id, self.clock, self.box)
+    async def intake(self, *, from_start: bool = False) -> intake.RunResult:
+        return await run_intake(
+            self.store,
+            self.data_dir,
+            self.workspace_id,
+            self.clock,
+            self.box,
+            from_start=from_start,
+        )
 
     def task(self, task_id: str) -> Task:
         found = self.store.get_task(task_id)

@@ -14,7 +14,7 @@ import pytest
 from agent.domain.dispositions import Disposition
 from agent.domain.envelope import Address
 from agent.domain.errors import ProviderError
-from agent.domain.mail import Handover, OutgoingMessage, SendResult
+from agent.domain.mail import Handover, Marker, OutgoingMessage, SendResult, StoredCopy
 from agent.domain.records import SendIntent, SendState
 from agent.domain.states import TaskState
 from agent.services import outbound, workspaces
@@ -110,7 +110,7 @@ async def test_one_internal_reminder_after_the_business_days_never_twice_across_
     assert restarted.box.sent == [] and _reminders(world.box) == [reminder]
     assert any("already_sent" in line for line in result.reminders)
     [send] = [s for s in store.list_sends(world.workspace_id) if s.kind == "reminder"]
-    assert send.state is SendState.SENT and send.recipients == (APPROVER,)
+    assert send.state is SendState.CONFIRMED and send.recipients == (APPROVER,)
     store.close()
 
 
@@ -189,7 +189,7 @@ async def test_an_acknowledgement_goes_once_in_the_thread_and_language_with_only
     assert en_ack.text.strip().strip("\u200e\u200f") == (
         "We received your message and will get back to you."
     )
-    replay = await world.intake()
+    replay = await world.intake(from_start=True)
     assert {i.disposition for i in replay.items} == {Disposition.EXECUTION_ALREADY_DONE}
     assert len(world.box.sent) == 2
 
@@ -304,9 +304,9 @@ async def test_recovering_a_stale_intent_sends_once_however_many_workers_try(
 
 
 class SlowReadBack(InMemoryProvider):
-    async def read_back(self, internet_message_id: str) -> object:  # type: ignore[override]
+    async def find_sent(self, marker: Marker) -> StoredCopy | None:
         await anyio.lowlevel.checkpoint()  # yields, as a network read would
-        return await super().read_back(internet_message_id)
+        return await super().find_sent(marker)
 
 
 async def test_two_coroutines_of_one_worker_never_send_one_intent_twice(

@@ -103,7 +103,10 @@ async def test_scenario_03_a_replay_after_completion_creates_nothing_and_is_full
     await station.cycle(ws, box)
     before = station.store.counts()
     tasks_before = station.store.list_tasks(ws)
-    replay = await station.cycle(ws, box)
+    nothing_new = await station.cycle(ws, box)
+    assert nothing_new.items == [] and nothing_new.reconciliation is not None
+    assert nothing_new.reconciliation.clean and nothing_new.reconciliation.scanned == 0
+    replay = await station.cycle(ws, box, from_start=True)
     assert {i.disposition for i in replay.items} == {Disposition.EXECUTION_ALREADY_DONE}
     after = station.store.counts()
     assert after["tasks"] == before["tasks"] == 2
@@ -170,7 +173,7 @@ async def test_scenario_13_no_provider_label_folder_or_flag_is_runtime_state(
     before = _tree_digest(maildir_path)
     box = MaildirProvider(maildir_path, MAILBOX)
     first = await station.cycle(ws, box)
-    second = await station.cycle(ws, box)
+    second = await station.cycle(ws, box, from_start=True)
     # Byte-identical: no file moved from new/ to cur/, no flag suffix, no folder written.
     assert _tree_digest(maildir_path) == before
     assert not (maildir_path / ".Sent").exists()

@@ -18,7 +18,7 @@ from agent.domain.errors import ClaimLost
 from agent.domain.execution import ClaimOutcome
 from agent.domain.records import ReportRequest
 from agent.domain.states import TaskState
-from agent.services import workspaces
+from agent.services import intake, workspaces
 from agent.services.holder import _pid_namespace
 from agent.storage.sql import Tx
 from agent.storage.sqlite import SqliteStore
@@ -142,9 +142,11 @@ async def test_an_auto_reply_that_opened_a_thread_never_leaves_it_half_made(
         await cycle(dying, data_dir, ws, clock, box, holder="other-host.test/1/4242/77/x")
     dying.close()
     store = SqliteStore(data_dir.database)
-    await cycle(store, data_dir, ws, clock, box)  # its lease still runs
+    await cycle(store, data_dir, ws, clock, box)  # its run's lease still runs
     clock.advance(seconds=301)
-    await cycle(store, data_dir, ws, clock, box)  # lease expired: taken over
+    await cycle(store, data_dir, ws, clock, box)  # its claim's lease ran out: taken over
+    clock.advance(seconds=intake.RUN_LEASE.total_seconds())
+    await cycle(store, data_dir, ws, clock, box)  # its run's lease ran out: the reply too
     [task] = store.list_tasks(ws)
     assert task.state is TaskState.TASK_RESOLVED
     assert task.next_action.description != "none: automated message"

@@ -5,8 +5,11 @@ A new backend is done when a pair of lines per role here passes for it.
 
 from __future__ import annotations
 
+import inspect
+import re
 from pathlib import Path
 
+from agent import ports
 from agent.ports import EmbeddedStore
 from agent.storage.postgres import PostgresStore
 from agent.storage.sqlite import SqliteStore
@@ -22,6 +25,7 @@ from agent.testing.storage import (
     SendLedgerContract,
     TaskBoardContract,
     TasksContract,
+    ThreadAliasesContract,
 )
 from tests.conftest import pg_url_at
 
@@ -58,6 +62,12 @@ class TestRunLedgerOnSqlite(OnSqlite, RunLedgerContract): ...
 
 
 class TestRunLedgerOnPostgres(OnPostgres, RunLedgerContract): ...
+
+
+class TestThreadAliasesOnSqlite(OnSqlite, ThreadAliasesContract): ...
+
+
+class TestThreadAliasesOnPostgres(OnPostgres, ThreadAliasesContract): ...
 
 
 class TestClaimsOnSqlite(OnSqlite, ClaimsContract): ...
@@ -120,3 +130,18 @@ def test_every_storage_role_suite_runs_on_both_backends() -> None:
         if issubclass(test_class, backend)
     }
     assert runs == {(suite, backend) for suite in ROLE_CONTRACTS for backend in backends}
+
+
+def test_every_method_of_every_storage_role_is_called_by_a_contract_suite() -> None:
+    suites = Path(ports.__file__).parent / "testing" / "storage"
+    text = "\n".join(p.read_text(encoding="utf-8") for p in sorted(suites.glob("*.py")))
+    roles = [r for r in inspect.getmro(ports.EmbeddedStore) if r.__module__ == ports.__name__]
+    uncovered = [
+        f"{role.__name__}.{name}"
+        for role in roles
+        for name, member in vars(role).items()
+        if inspect.isfunction(member) and not name.startswith("_")
+        if role not in (ports.Store, ports.EmbeddedStore)
+        if not re.search(rf"\.{name}\(", text)
+    ]
+    assert uncovered == []

@@ -249,7 +249,7 @@ def every_path(
     in_linked_thread = env(4, 2)
     # The same provider message again, as another occurrence: the task holds it already.
     again = Envelope.model_validate(
-        {**env(2, 1).model_dump(by_alias=True), "content_digest": "another"}
+        {**env(2, 1).model_dump(by_alias=True), "content_digest": "x", "subject": "another"}
     )
     dead, expiring, retried = env(5, 3), env(6, 4), env(7, 5)
     wide = env(8, 6, subject=UNICODE_SUBJECT, sender="dana.levi@contoso.test")

@@ -231,6 +231,7 @@ class PostgresStore(OneStatementClaims):
 
     FOR_UPDATE = " FOR UPDATE"
     FOR_SHARE = " FOR SHARE"
+    DIALECT = "postgresql"
 
     def __init__(
         self,

@@ -2,7 +2,8 @@
 module per aggregate over one transaction core (``core.py``):
 
 - ``registry.py``: workspaces and mailbox bindings (Registry)
-- ``runs.py``: runs, scanned items, dispositions, reconciliation (RunLedger)
+- ``runs.py``: runs, scanned items, dispositions, reconciliation, mailbox cursors (RunLedger)
+- ``aliases.py``: thread aliases of mail systems without a common thread id (ThreadAliases)
 - ``claims.py``: claims, execution records, escalations (Claims)
 - ``tasks.py``: task records and the embedded task board (Tasks, TaskBoard)
 - ``sends.py``, ``drafts.py``, ``proposals.py``, ``health.py``: one role each
@@ -12,6 +13,7 @@ module per aggregate over one transaction core (``core.py``):
 
 from __future__ import annotations
 
+from agent.storage.sql.aliases import AliasRows
 from agent.storage.sql.claims import ClaimRows
 from agent.storage.sql.core import Cursor, Row, SqlBase, T, Tx, Verified, dt, ts
 from agent.storage.sql.drafts import DraftRows
@@ -23,5 +25,5 @@ from agent.storage.sql.sends import SendRows
 __all__ = ["Cursor", "Row", "SqlBase", "SqlStore", "T", "Tx", "Verified", "dt", "ts"]
 
 
-class SqlStore(RegistryRows, ClaimRows, SendRows, DraftRows, ProposalRows, HealthRows):
+class SqlStore(RegistryRows, ClaimRows, AliasRows, SendRows, DraftRows, ProposalRows, HealthRows):
     """Every storage role and the embedded task board, on one SQL database."""

@@ -13,6 +13,7 @@ from typing import NoReturn
 
 from agent import crashpoints
 from agent.domain.dispositions import TERMINAL, parse_disposition
+from agent.domain.envelope import compose_key
 from agent.domain.errors import ClaimLost, StoreError
 from agent.domain.execution import ClaimOutcome, ExecutionRecord, ExecutionState, contest
 from agent.domain.records import (
@@ -24,6 +25,7 @@ from agent.domain.records import (
     TaskDraft,
 )
 from agent.domain.reporting import apply_report
+from agent.domain.run import LedgerEntry
 from agent.domain.states import TaskState
 from agent.domain.task import Task
 from agent.storage.sql.core import Row, Tx, Verified, chunks, dt, record_of, ts
@@ -50,6 +52,27 @@ class ClaimRows(TaskRows, RunRows):
             claimed_at=dt(row["claimed_at"]) or datetime.now(UTC),
             reported_at=dt(row["reported_at"]),
         )
+
+    def reclaimable(
+        self, scope: str, now: datetime, holder_alive: Callable[[str], bool]
+    ) -> list[LedgerEntry]:
+        # Only unfinished occurrences are read (a partial index keeps DONE ones out), each
+        # with the item its last claim was made for.
+        prefix = compose_key(scope) + "|"
+        rows = self._read(
+            "SELECT e.*, r.run_id AS r_run_id, r.item_ref AS r_item_ref, r.occurrence_key,"
+            " r.disposition, r.detail, r.scanned, r.owner, r.mailbox_id, r.reason"
+            " FROM executions e JOIN run_items r ON r.run_id = e.run_id"
+            " AND r.item_ref = e.item_ref"
+            " WHERE e.state <> 'DONE' AND e.key >= ? AND e.key < ? AND r.scanned IS NOT NULL"
+            " ORDER BY e.key",
+            (prefix, prefix[:-1] + "}"),
+        )
+        return [
+            self._entry({**dict(r), "run_id": r["r_run_id"], "item_ref": r["r_item_ref"]})
+            for r in rows
+            if contest(self._execution(r), now, holder_alive) is None
+        ]
 
     def claim(
         self,

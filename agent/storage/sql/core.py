@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from datetime import UTC, datetime
-from typing import Any, Protocol, TypeVar
+from typing import Any, Literal, Protocol, TypeVar
 
 from pydantic import BaseModel
 
@@ -102,6 +102,40 @@ def record_of(
     return model.model_validate({**values, **given})
 
 
+Dialect = Literal["sqlite", "postgresql"]
+
+
+def apply_migrations(
+    conn: Tx,
+    where: str,
+    dialect: Dialect,
+    translate: Callable[[str], str] = lambda s: s,
+    upto: int | None = None,
+) -> None:
+    """Apply the migrations this database lacks (up to ``upto``, default all), inside the
+    caller's transaction. ``translate`` adapts each statement to the backend's DDL."""
+    conn.execute("CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL)")
+    row = conn.execute("SELECT max(version) AS v FROM schema_version").fetchone()
+    current = int(row["v"] or 0)
+    known = MIGRATIONS[-1][0]
+    if current > known:
+        raise StoreError(
+            f"the database {where} has schema version {current}, newer than this "
+            f"Outloop knows ({known}); upgrade Outloop before opening it"
+        )
+    for version, steps in MIGRATIONS:
+        if version <= current or (upto is not None and version > upto):
+            continue
+        for step in steps:
+            if isinstance(step, str):
+                statements: tuple[str, ...] = (step,)
+            else:
+                statements = step.sqlite if dialect == "sqlite" else step.postgresql
+            for statement in statements:
+                conn.execute(translate(statement))
+        conn.execute("INSERT INTO schema_version (version) VALUES (?)", (version,))
+
+
 class SqlBase:
     """The transaction core; a backend supplies ``_write``, ``_read`` and its dialect."""
 
@@ -110,6 +144,9 @@ class SqlBase:
 
     FOR_SHARE = ""
     """The clause that keeps the rows a write depends on from changing until it commits."""
+
+    DIALECT: Dialect = "sqlite"
+    """Which side of a ``PerBackend`` migration step this backend runs."""
 
     def _write(self, body: Callable[[Tx], T], verify: Callable[[Tx], Verified[T]] | None) -> T:
         """Run ``body`` in one write transaction and commit. When the commit's outcome is
@@ -130,21 +167,7 @@ class SqlBase:
         self, conn: Tx, where: str, translate: Callable[[str], str] = lambda s: s
     ) -> None:
         """Apply the migrations this database lacks, inside the caller's transaction."""
-        conn.execute("CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL)")
-        row = conn.execute("SELECT max(version) AS v FROM schema_version").fetchone()
-        current = int(row["v"] or 0)
-        known = MIGRATIONS[-1][0]
-        if current > known:
-            raise StoreError(
-                f"the database {where} has schema version {current}, newer than this "
-                f"Outloop knows ({known}); upgrade Outloop before opening it"
-            )
-        for version, statements in MIGRATIONS:
-            if version <= current:
-                continue
-            for statement in statements:
-                conn.execute(translate(statement))
-            conn.execute("INSERT INTO schema_version (version) VALUES (?)", (version,))
+        apply_migrations(conn, where, self.DIALECT, translate)
 
     def schema_version(self) -> int:
         return int(self._read("SELECT max(version) AS v FROM schema_version")[0]["v"])

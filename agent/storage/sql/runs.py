@@ -1,4 +1,5 @@
-"""Runs, the items each scanned and their dispositions (the RunLedger role).
+"""Runs, the items each scanned and their dispositions, and the mailbox cursors that advance
+with the items they covered (the RunLedger role).
 
 A run's lock row (``runs``) serializes its dispositions and its reconciliation, so an item
 gets exactly one disposition and a reconciled run takes none.
@@ -20,8 +21,9 @@ from agent.domain.dispositions import (
     parse_disposition,
 )
 from agent.domain.errors import StoreError
-from agent.domain.run import LedgerEntry, OpenRun, Reconciliation
-from agent.storage.sql.core import SqlBase, Tx, Verified, chunks, dt, ts
+from agent.domain.mail import ScannedMessage
+from agent.domain.run import LedgerEntry, MailboxCursor, OpenRun, Reconciliation
+from agent.storage.sql.core import Row, SqlBase, Tx, Verified, chunks, dt, ts
 
 
 class RunRows(SqlBase):
@@ -74,12 +76,14 @@ class RunRows(SqlBase):
             for r in rows
         ]
 
-    def record_scanned(self, entries: Sequence[LedgerEntry], now: datetime) -> None:
+    def record_scanned(
+        self, entries: Sequence[LedgerEntry], now: datetime, cursor: MailboxCursor | None = None
+    ) -> None:
         refs = [e.item_ref for e in entries]
         if len(set(refs)) != len(refs):
             twice = sorted({r for r in refs if refs.count(r) > 1})
             raise StoreError(f"items scanned twice in one run: {', '.join(twice[:5])}")
-        if not entries:
+        if not entries and cursor is None:
             return
 
         run_ids = sorted({e.run_id for e in entries})
@@ -95,27 +99,107 @@ class RunRows(SqlBase):
                         "items were recorded); its worker stops, and the next run scans again"
                     )
             for chunk in chunks(entries):
-                marks = ", ".join(["(?, ?, ?, ?, ?)"] * len(chunk))
-                conn.execute(
-                    "INSERT INTO run_items (run_id, item_ref, occurrence_key, detail, scanned_at)"
-                    f" VALUES {marks}",
-                    [
-                        value
-                        for e in chunk
-                        for value in (e.run_id, e.item_ref, e.occurrence_key, e.detail, ts(now))
-                    ],
-                )
+                self._insert_items(conn, chunk, now)
+            if cursor is not None:
+                self._advance_cursor(conn, cursor, now)
 
         def verify(conn: Tx) -> Verified[None]:
-            # The rows are written all or none, and only by this call.
-            first = entries[0]
-            found = conn.execute(
-                "SELECT 1 FROM run_items WHERE run_id = ? AND item_ref = ? AND scanned_at = ?",
-                (first.run_id, first.item_ref, ts(now)),
-            ).fetchone()
+            # The rows and the cursor are written all or none, and only by this call.
+            if entries:
+                first = entries[0]
+                found = conn.execute(
+                    "SELECT 1 FROM run_items WHERE run_id = ? AND item_ref = ? AND scanned_at = ?",
+                    (first.run_id, first.item_ref, ts(now)),
+                ).fetchone()
+            else:
+                assert cursor is not None
+                found = conn.execute(
+                    "SELECT 1 FROM mailbox_cursors WHERE scope = ? AND provider = ? AND"
+                    " mailbox_id = ? AND channel = ? AND cursor = ? AND updated_at = ?",
+                    (*self._cursor_key(cursor), cursor.cursor, ts(now)),
+                ).fetchone()
             return (None,) if found is not None else None
 
         self._write(body, verify)
+
+    @staticmethod
+    def _insert_items(conn: Tx, chunk: Sequence[LedgerEntry], now: datetime) -> None:
+        marks = ", ".join(["(?, ?, ?, ?, ?, ?, ?, ?, ?)"] * len(chunk))
+        inserted = conn.execute(
+            "INSERT INTO run_items (run_id, item_ref, occurrence_key, detail, scanned_at,"
+            f" scanned, owner, mailbox_id, reason) VALUES {marks}"
+            " ON CONFLICT (run_id, item_ref) DO NOTHING RETURNING item_ref",
+            [
+                value
+                for e in chunk
+                for value in (
+                    e.run_id,
+                    e.item_ref,
+                    e.occurrence_key,
+                    e.detail,
+                    ts(now),
+                    None if e.scanned is None else e.scanned.model_dump_json(by_alias=True),
+                    e.owner,
+                    e.mailbox_id,
+                    e.reason,
+                )
+            ],
+        ).fetchall()
+        if len(inserted) != len(chunk):
+            new = {r["item_ref"] for r in inserted}
+            again = [f"{e.item_ref} (run {e.run_id})" for e in chunk if e.item_ref not in new]
+            raise StoreError(
+                f"items already recorded as scanned: {', '.join(again[:5])}; an item is "
+                "scanned once per run"
+            )
+
+    @staticmethod
+    def _cursor_key(cursor: MailboxCursor) -> tuple[str, str, str, str]:
+        return (cursor.scope, cursor.provider, cursor.mailbox_id, cursor.channel)
+
+    @staticmethod
+    def _advance_cursor(conn: Tx, cursor: MailboxCursor, now: datetime) -> None:
+        conn.execute(
+            "INSERT INTO mailbox_cursors (scope, provider, mailbox_id, channel, cursor,"
+            " updated_at) VALUES (?, ?, ?, ?, ?, ?)"
+            " ON CONFLICT (scope, provider, mailbox_id, channel)"
+            " DO UPDATE SET cursor = excluded.cursor, updated_at = excluded.updated_at",
+            (*RunRows._cursor_key(cursor), cursor.cursor, ts(now)),
+        )
+
+    def get_cursor(self, scope: str, provider: str, mailbox_id: str, channel: str) -> str | None:
+        rows = self._read(
+            "SELECT cursor FROM mailbox_cursors WHERE scope = ? AND provider = ?"
+            " AND mailbox_id = ? AND channel = ?",
+            (scope, provider, mailbox_id, channel),
+        )
+        return str(rows[0]["cursor"]) if rows else None
+
+    def clear_cursor(self, scope: str, provider: str, mailbox_id: str, channel: str) -> None:
+        def body(conn: Tx) -> None:
+            conn.execute(
+                "DELETE FROM mailbox_cursors WHERE scope = ? AND provider = ?"
+                " AND mailbox_id = ? AND channel = ?",
+                (scope, provider, mailbox_id, channel),
+            )
+
+        self._write(body, None)  # deleting again changes nothing
+
+    def run_holder(self, run_id: str) -> OpenRun | None:
+        rows = self._read(
+            "SELECT run_id, scope, holder, lease_expires_at FROM runs WHERE run_id = ?"
+            " AND reconciled_at IS NULL",
+            (run_id,),
+        )
+        if not rows:
+            return None
+        r = rows[0]
+        return OpenRun(
+            run_id=r["run_id"],
+            holder=r["holder"],
+            lease_expires_at=dt(r["lease_expires_at"]),
+            scope=r["scope"],
+        )
 
     @staticmethod
     def _set_disposition(
@@ -201,16 +285,21 @@ class RunRows(SqlBase):
         rows = self._read(
             "SELECT * FROM run_items WHERE run_id = ? ORDER BY scanned_at, item_ref", (run_id,)
         )
-        return [
-            LedgerEntry(
-                run_id=r["run_id"],
-                item_ref=r["item_ref"],
-                occurrence_key=r["occurrence_key"],
-                disposition=parse_disposition(r["disposition"]) if r["disposition"] else None,
-                detail=r["detail"] or "",
-            )
-            for r in rows
-        ]
+        return [self._entry(r) for r in rows]
+
+    @staticmethod
+    def _entry(r: Row) -> LedgerEntry:
+        return LedgerEntry(
+            run_id=r["run_id"],
+            item_ref=r["item_ref"],
+            occurrence_key=r["occurrence_key"],
+            disposition=parse_disposition(r["disposition"]) if r["disposition"] else None,
+            detail=r["detail"] or "",
+            scanned=ScannedMessage.model_validate_json(r["scanned"]) if r["scanned"] else None,
+            owner=r["owner"],
+            mailbox_id=r["mailbox_id"],
+            reason=r["reason"],
+        )
 
     def reconcile(self, run_id: str, now: datetime) -> Reconciliation:
         def body(conn: Tx) -> Reconciliation:

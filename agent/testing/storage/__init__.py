@@ -21,6 +21,7 @@ from agent.testing.storage.run_ledger import RunLedgerContract
 from agent.testing.storage.send_ledger import SendLedgerContract
 from agent.testing.storage.task_board import TaskBoardContract
 from agent.testing.storage.tasks import TasksContract
+from agent.testing.storage.thread_aliases import ThreadAliasesContract
 
 __all__ = [
     "ROLE_CONTRACTS",
@@ -35,11 +36,13 @@ __all__ = [
     "StoreContract",
     "TaskBoardContract",
     "TasksContract",
+    "ThreadAliasesContract",
 ]
 
 ROLE_CONTRACTS: tuple[type[StoreContract], ...] = (
     RegistryContract,
     RunLedgerContract,
+    ThreadAliasesContract,
     ClaimsContract,
     TasksContract,
     TaskBoardContract,

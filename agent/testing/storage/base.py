@@ -3,7 +3,9 @@ harness that drives a store the way intake does, and the test data."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+import multiprocessing
+import queue
+from collections.abc import Callable, Iterator, Sequence
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -15,6 +17,7 @@ from agent.domain.context import parse_context
 from agent.domain.dispositions import Disposition, GateKind
 from agent.domain.envelope import Envelope, occurrence_key
 from agent.domain.execution import ClaimOutcome
+from agent.domain.mail import ScannedMessage
 from agent.domain.records import (
     Binding,
     ClaimRequest,
@@ -74,7 +77,12 @@ class Harness:
         self.store.record_scanned(
             [
                 LedgerEntry(
-                    run_id=run_id, item_ref=e.provider_message_id, occurrence_key=self.key(e)
+                    run_id=run_id,
+                    item_ref=e.provider_message_id,
+                    occurrence_key=self.key(e),
+                    scanned=ScannedMessage(item_ref=e.provider_message_id, envelope=e),
+                    owner=WS,
+                    mailbox_id=MAILBOX,
                 )
                 for e in envs
             ],
@@ -230,6 +238,37 @@ def cap_worker(
         results.put((key, f"error: {type(exc).__name__}: {exc}", False))
     finally:
         store.close()
+
+
+def race_processes(
+    target: Callable[..., None], arguments: Sequence[tuple[Any, ...]], timeout: float = 180
+) -> list[Any]:
+    """Run ``target(*args, barrier, results)`` in one spawned process per entry of
+    ``arguments``; each waits on the barrier (so all start at the same moment) and puts one
+    outcome on the queue. The outcomes, in the order they were reported."""
+    ctx = multiprocessing.get_context("spawn")
+    barrier = ctx.Barrier(len(arguments))
+    results = ctx.Queue()
+    procs = [ctx.Process(target=target, args=(*args, barrier, results)) for args in arguments]
+    for p in procs:
+        p.start()
+    outcomes: list[Any] = []
+    try:
+        for _ in procs:
+            outcomes.append(results.get(timeout=timeout))
+    except queue.Empty:
+        pytest.fail(f"only {len(outcomes)} of {len(procs)} workers reported: {outcomes}")
+    finally:
+        for p in procs:
+            p.join(timeout=60)
+        for p in procs:
+            if p.is_alive():
+                p.kill()
+                p.join()
+        results.close()
+        results.join_thread()
+    assert [p.exitcode for p in procs] == [0] * len(procs), outcomes
+    return outcomes
 
 
 def reply_in_thread(

@@ -13,6 +13,7 @@ from agent.domain.execution import ClaimOutcome, ExecutionState
 from agent.domain.records import ClaimRequest, EscalationDraft, ReportRequest, TaskUpdate
 from agent.domain.states import TaskState
 from agent.domain.task import Gate
+from agent.ports import EmbeddedStore
 from agent.testing import FrozenClock
 from agent.testing.storage.base import (
     ALIVE,
@@ -39,6 +40,45 @@ class ClaimsContract(StoreContract):
         assert result.task is not None and result.execution.task_id == result.task.task_id
         assert h.store.get_task(result.task.task_id) == result.task
         assert result.task.state is TaskState.DISCOVERED
+
+    def test_reclaimable_gives_what_a_claim_may_take_over_now_with_the_item_it_was_for(
+        self, h: Harness, store: EmbeddedStore, clock: FrozenClock
+    ) -> None:
+        held, dead, done, retry, lapsing = env(1, 1), env(2, 2), env(3, 3), env(4, 4), env(5, 5)
+        run_id = h.run(held, dead, done, retry, lapsing)
+        h.claim(run_id, held, lease=3600)
+        h.claim(run_id, dead, holder=DEAD)
+        h.claim(run_id, done)
+        h.report(run_id, done)
+        h.claim(run_id, retry)
+        store.report(
+            ReportRequest(
+                key=h.key(retry), holder=ALIVE, run_id=run_id, item_ref=retry.provider_message_id,
+                disposition=Disposition.QUEUED, detail="provider timed out",
+                retry_at=clock.now() + timedelta(minutes=5),
+            ),
+            clock.now(),
+        )  # fmt: skip
+        h.claim(run_id, lapsing, lease=30)
+
+        def due() -> list[str]:
+            found = store.reclaimable(WS, clock.now(), alive)
+            assert all(e.run_id == run_id and e.owner == WS for e in found)
+            assert all(e.scanned is not None and e.scanned.envelope is not None for e in found)
+            return sorted(e.item_ref for e in found)
+
+        assert due() == [dead.provider_message_id]
+        clock.advance(seconds=31)
+        assert due() == sorted([dead.provider_message_id, lapsing.provider_message_id])
+        clock.advance(minutes=5)
+        assert due() == sorted(
+            [dead.provider_message_id, lapsing.provider_message_id, retry.provider_message_id]
+        )
+        [entry] = [e for e in store.reclaimable(WS, clock.now(), alive) if e.item_ref == "pm-2"]
+        assert entry.scanned is not None and entry.scanned.envelope == dead
+        assert entry.occurrence_key == h.key(dead) and entry.mailbox_id == MAILBOX
+        assert store.reclaimable("station", clock.now(), alive) == []
+        assert store.reclaimable("ws-contract2", clock.now(), alive) == []
 
     def test_a_second_claim_on_a_held_occurrence_creates_nothing(self, h: Harness) -> None:
         e = env(1, 1)
@@ -335,3 +375,21 @@ class ClaimsContract(StoreContract):
         assert result.outcome is ClaimOutcome.CLAIMED and result.task is not None
         h.report(run_id, hostile)
         assert h.store.reconcile(run_id, h.clock.now()).clean
+
+    def test_execution_records_are_listed_by_state_and_read_by_their_keys(
+        self, h: Harness, clock: FrozenClock
+    ) -> None:
+        done, held = env(1, 1), env(2, 2)
+        run_id = h.run(done, held)
+        h.claim(run_id, done)
+        h.report(run_id, done)
+        clock.advance(seconds=1)
+        h.claim(run_id, held)
+        listed = h.store.list_executions()
+        assert [x.key for x in listed] == [h.key(done), h.key(held)]
+        assert [x.key for x in h.store.list_executions(ExecutionState.DONE)] == [h.key(done)]
+        assert [x.key for x in h.store.list_executions(ExecutionState.CLAIMED)] == [h.key(held)]
+        assert h.store.list_executions(ExecutionState.RETRY_PENDING) == []
+        found = h.store.get_executions([h.key(held), "no-such-key", h.key(held), h.key(done)])
+        assert found == {x.key: x for x in listed}
+        assert h.store.get_executions([]) == {}

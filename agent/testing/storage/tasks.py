@@ -262,3 +262,8 @@ class TasksContract(StoreContract):
         with pytest.raises(StoreError, match="does not exist"):
             store.amend_task("task-nobody", TaskAmendment(event="x"), clock.now())
         assert store.task_events("task-nobody") == []
+
+    def test_list_tasks_lists_every_task_of_the_workspace_oldest_first(self, h: Harness) -> None:
+        first, second = new_task(h, 1, 1), new_task(h, 2, 2)
+        assert [t.task_id for t in h.store.list_tasks(WS)] == [first.task_id, second.task_id]
+        assert h.store.list_tasks("ws-other") == []
