@@ -272,6 +272,26 @@ class MailProviderContract(MailboxHooks):
     """The MailProvider port's contract: reading changes, fetching by reference, preparing
     and sending, finding our sent copies by their markers, and changing nothing else."""
 
+    @pytest.mark.anyio
+    async def test_the_faults_it_cannot_produce_agree_with_its_capabilities(self) -> None:
+        """What an adapter says it cannot do is checked against what it declares and does:
+        no late copy means a copy searchable at once; no dropped Message-ID means it is a
+        marker; no missing copy means one is kept. (The tests that need those faults do not
+        run on it; this one stands in for them.)"""
+        provider = self.build()
+        caps = provider.capabilities
+        if Fault.DROPPED_MESSAGE_ID in self.cannot:
+            assert MarkerKind.MESSAGE_ID in caps.markers
+        if Fault.NO_SENT_COPY in self.cannot:
+            assert caps.keeps_sent_copy
+        if Fault.LATE_SENT_COPY in self.cannot and caps.keeps_sent_copy:
+            assert caps.sent_copy_latency == timedelta(0)
+            message = reply(await self.parent(provider), caps)
+            handover, result = await sent(provider, message)
+            assert handover.marker is not None
+            found = await provider.find_sent(handover.marker)  # at once: nothing advanced
+            assert found is not None and found.provider_message_id == result.provider_message_id
+
     def test_every_fault_is_declared_producible_or_impossible_with_a_reason(self) -> None:
         assert not self.faults & set(self.cannot)
         assert self.faults | set(self.cannot) == set(Fault)
