@@ -48,6 +48,19 @@ class UntrustedMessage(_Out):
     )
     body_truncated: bool = False
     attachment_names: list[UntrustedText] = Field(default_factory=list[UntrustedText])
+    attachment_refs: list[str] = Field(
+        default_factory=list[str],
+        description="each attachment's reference, in the order of attachment_names: render's "
+        "attachments takes them (the file itself never passes through a tool)",
+    )
+
+
+class AttachmentView(_Out):
+    ref: str
+    name: UntrustedText
+    content_type: str
+    size: int
+    sha256: str
 
 
 class UntrustedTaskFields(_Out):
@@ -165,6 +178,10 @@ class DraftView(_Out):
     warnings: list[str]
     drafted_by: Literal["caller", "host_model"] = Field(
         default="caller", description="host_model: the body came from the host's model"
+    )
+    attachments: list[AttachmentView] = Field(
+        default_factory=list[AttachmentView],
+        description="the files the draft attaches, as read when it was rendered",
     )
 
 

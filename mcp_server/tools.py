@@ -14,13 +14,16 @@ from pydantic import ConfigDict, Field
 
 from agent.domain.errors import ContextError, ProviderError, RegistryError
 from agent.domain.gates import GateResult
-from agent.domain.mail import MessageBody
+from agent.domain.mail import AttachmentData, MessageBody
+from agent.domain.records import DraftRecord
 from agent.domain.states import TaskState
 from agent.domain.task import Task
 from agent.domain.untrusted import shown
 from agent.ports import Registry
+from agent.rendering.render import RenderedMessage
 from agent.rendering.text import readable_text
 from agent.services import approvals, closure, drafts, intake, learning, replies
+from agent.services import attachments as attachments_service
 from agent.services.gate_check import check_send, load_task
 from agent.services.holder import holder_alive
 from agent.services.workspaces import load_context, registered_context
@@ -29,6 +32,7 @@ from mcp_server.models import (
     ApprovalDecisionView,
     ApprovalRequestView,
     ApprovalView,
+    AttachmentView,
     BlockingReasonView,
     CheckView,
     ClaimView,
@@ -205,6 +209,7 @@ def _message_view(plan: intake.Planned, body: MessageBody | None = None) -> Untr
         body_text=text,
         body_truncated=truncated,
         attachment_names=[untrusted_text(n) for n in envelope.attachment_names],
+        attachment_refs=list(envelope.attachment_refs),
     )
 
 
@@ -567,6 +572,15 @@ async def render_tool(
     ] = None,
     language: Language = None,
     guidance: Guidance = "",
+    attachments: Annotated[
+        list[Annotated[str, Field(min_length=1, max_length=2000, pattern=NO_NUL)]],
+        Field(
+            max_length=attachments_service.MAX_ATTACHMENTS,
+            description="files to attach, by reference only: an attachment_ref a claimed "
+            "message of the workspace listed, or file:<absolute path> under a directory the "
+            "workspace context's attachments.outgoing_dirs authorizes. Never file contents",
+        ),
+    ] = [],  # noqa: B006
     sampled: Annotated[CreateMessageResult | None, Resolve(_ask_host_model)] = None,
 ) -> DraftView:
     """Render a reply for the task: email-safe HTML and plain text with the right direction
@@ -582,9 +596,19 @@ async def render_tool(
             raise ToolError("the host's model returned no text; write body_markdown yourself")
         body_markdown, drafted_by = sampled.content.text, "host_model"
     with mapped_errors():
+        files = await _attachments(rt, task_id, attachments)
         record, rendered = drafts.render_draft(
-            rt.station.store, task_id, body_markdown, rt.clock, language=language
+            rt.station.store, task_id, body_markdown, rt.clock, language=language, attachments=files
         )
+    return _draft_view(task_id, record, rendered, drafted_by)
+
+
+def _draft_view(
+    task_id: str,
+    record: DraftRecord,
+    rendered: RenderedMessage,
+    drafted_by: Literal["caller", "host_model"],
+) -> DraftView:
     return DraftView(
         task_id=task_id,
         draft_id=record.draft_id,
@@ -596,7 +620,28 @@ async def render_tool(
         text=rendered.text,
         warnings=list(rendered.warnings),
         drafted_by=drafted_by,
+        attachments=[
+            AttachmentView(
+                ref=a.ref,
+                name=untrusted_text(a.name),
+                content_type=a.content_type,
+                size=a.size,
+                sha256=a.sha256,
+            )
+            for a in rendered.attachments
+        ],
     )
+
+
+async def _attachments(rt: Runtime, task_id: str, refs: list[str]) -> tuple[AttachmentData, ...]:
+    """The files a draft attaches, read by reference through the task's own mailbox."""
+    if not refs:
+        return ()
+    store = rt.station.store
+    task = load_task(store, task_id)
+    context = load_context(store, task.workspace_id)
+    provider = rt.provider_for_task(task)
+    return await attachments_service.read_attachments(store, context, provider, refs)
 
 
 async def gate_check_tool(

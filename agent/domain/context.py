@@ -221,6 +221,11 @@ class Schedule(_Model):
 
 class Attachments(_Model):
     accepted: tuple[str, ...] = ()
+    outgoing_dirs: tuple[str, ...] = Field(
+        default=(),
+        description="directories whose files a reply may attach (file:<path> under one of "
+        "them); an inbound attachment of the workspace's own mail may always be attached",
+    )
 
     @field_validator("accepted")
     @classmethod

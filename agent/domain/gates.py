@@ -26,6 +26,7 @@ from agent.domain.approval import (
     standing_covers,
 )
 from agent.domain.context import ClientSendPolicy, Side, WorkspaceContext
+from agent.domain.mail import AttachmentRef
 from agent.domain.recipients import (
     Communication,
     OwnerEvidence,
@@ -78,10 +79,14 @@ class DraftFacts(BaseModel):
     text: str
 
 
-def draft_digest(subject: str, html: str, text: str) -> str:
-    """The digest an approval binds to: any change to the draft makes a new one."""
+def draft_digest(
+    subject: str, html: str, text: str, attachments: Sequence[AttachmentRef] = ()
+) -> str:
+    """The digest an approval binds to: any change to the draft, or to a file it attaches,
+    makes a new one."""
     digest = hashlib.sha256()
-    for part in (subject, html, text):
+    files = [f"{a.name}\n{a.content_type}\n{a.size}\n{a.sha256}" for a in attachments]
+    for part in (subject, html, text, *files):
         data = part.encode("utf-8", "surrogatepass")
         digest.update(len(data).to_bytes(8, "big"))
         digest.update(data)

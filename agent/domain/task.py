@@ -140,6 +140,8 @@ class MessageRef(BaseModel):
     in_reply_to: str | None = None
     references: tuple[str, ...] = ()
     """The message's own threading headers: a reply's References are built from them."""
+    attachment_refs: tuple[str, ...] = ()
+    """The references its attachments are fetched by (a reply may attach them)."""
 
     def reply_headers(self) -> tuple[str | None, tuple[str, ...]]:
         """In-Reply-To and References of a reply to this message (RFC 5322 section 3.6.4)."""

@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from agent.domain.context import WorkspaceContext
 from agent.domain.envelope import header_text
+from agent.domain.mail import AttachmentRef
 from agent.rendering.bidi import (
     Direction,
     isolate_plain,
@@ -58,6 +59,9 @@ class RenderedMessage(BaseModel):
     fragments: tuple[IsolatedFragment, ...] = ()
     blocks: tuple[RenderedBlock, ...] = ()
     warnings: tuple[str, ...] = Field(default=(), description="what the renderer had to decide")
+    attachments: tuple[AttachmentRef, ...] = ()
+    """Files that go with the message, by reference, with the size and digest they had when
+    the draft was rendered (an approval covers exactly these)."""
 
 
 @cache

@@ -17,7 +17,7 @@ from pydantic import BaseModel, ConfigDict
 from selectolax.lexbor import LexborHTMLParser, LexborNode
 
 from agent.domain.envelope import Address
-from agent.domain.mail import OutgoingMessage, SendResult, StoredCopy
+from agent.domain.mail import AttachmentRef, OutgoingMessage, SendResult, StoredCopy
 from agent.rendering.bidi import Direction
 from agent.rendering.render import RenderedMessage
 
@@ -28,6 +28,11 @@ class Check(BaseModel):
     name: str
     ok: bool
     detail: str = ""
+
+    @classmethod
+    def of(cls, name: str, ok: bool, detail: str) -> Check:
+        """A check whose failure says ``detail`` (a passed check carries none)."""
+        return cls(name=name, ok=ok, detail="" if ok else detail)
 
 
 class ReadBackReport(BaseModel):
@@ -183,21 +188,7 @@ def verify_read_back(
         stored.delivered,
         "the stored copy is a local outbox copy: it reached no one (not a delivery)",
     )
-    for field, want, got in (
-        ("to", _addresses(sent.to), _addresses(stored.to)),
-        ("cc", _addresses(sent.cc), _addresses(stored.cc)),
-    ):
-        check(f"recipients.{field}", want == got, f"sent {want}, stored {got}")
-    # Every other header that names mailboxes: a send sets none, so any is a recipient or a
-    # reply path nobody approved.
-    for field, got in (("bcc", _addresses(stored.bcc)), ("reply_to", _addresses(stored.reply_to))):
-        check(f"recipients.{field}", not got, f"sent none, stored {got}")
-    check(
-        "recipients.other",
-        not stored.other_address_headers,
-        "the stored copy names mailboxes in headers the send never set: "
-        + ", ".join(f"{name}: {value}" for name, value in stored.other_address_headers),
-    )
+    checks.extend(_recipients(sent, stored))
     check(
         "sender",
         stored.sender is not None and stored.sender.address == sent.sender.address,
@@ -221,11 +212,41 @@ def verify_read_back(
         _message_id(stored.internet_message_id) == _message_id(message_id),
         f"sent {message_id!r}, stored {stored.internet_message_id!r}",
     )
+    if rendered.attachments or stored.attachments:
+        want, got = _files(rendered.attachments), _files(stored.attachments)
+        check("attachments", want == got, f"rendered {want}, stored {got}")
     if not stored.html:
         check("html", False, "the stored copy has no HTML part")
         return ReadBackReport(checks=tuple(checks))
     checks.extend(_verify_html(rendered, stored.html))
     return ReadBackReport(checks=tuple(checks))
+
+
+def _recipients(sent: OutgoingMessage, stored: StoredCopy) -> list[Check]:
+    """To and Cc exactly as sent; every other header that names mailboxes absent (a send sets
+    none, so any is a recipient or a reply path nobody approved)."""
+    checks: list[Check] = []
+    for field, want, got in (
+        ("to", _addresses(sent.to), _addresses(stored.to)),
+        ("cc", _addresses(sent.cc), _addresses(stored.cc)),
+    ):
+        checks.append(Check.of(f"recipients.{field}", want == got, f"sent {want}, stored {got}"))
+    for field, got in (("bcc", _addresses(stored.bcc)), ("reply_to", _addresses(stored.reply_to))):
+        checks.append(Check.of(f"recipients.{field}", not got, f"sent none, stored {got}"))
+    others = ", ".join(f"{name}: {value}" for name, value in stored.other_address_headers)
+    checks.append(
+        Check.of(
+            "recipients.other",
+            not stored.other_address_headers,
+            f"the stored copy names mailboxes in headers the send never set: {others}",
+        )
+    )
+    return checks
+
+
+def _files(files: tuple[AttachmentRef, ...]) -> list[tuple[str, int, str]]:
+    """Attachments as read-back compares them: name, size and sha256."""
+    return sorted((a.name, a.size, a.sha256) for a in files)
 
 
 def _verify_html(rendered: RenderedMessage, html: str) -> list[Check]:

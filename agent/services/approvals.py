@@ -27,7 +27,7 @@ from agent.domain.context import WorkspaceContext
 from agent.domain.dispositions import GateKind
 from agent.domain.envelope import Envelope
 from agent.domain.errors import GateRefused, InvalidRequest, RegistryError
-from agent.domain.gates import draft_digest, preflight
+from agent.domain.gates import preflight
 from agent.domain.recipients import build_recipients
 from agent.domain.records import TaskAmendment
 from agent.domain.states import TaskState
@@ -36,7 +36,7 @@ from agent.domain.untrusted import flag
 from agent.ports import Clock, Drafts, MailProvider, Tasks
 from agent.rendering.render import RenderedMessage
 from agent.rendering.text import html_risk, visible_text
-from agent.services.drafts import keep_draft, load_draft
+from agent.services.drafts import digest_of, keep_draft, load_draft
 from agent.services.gate_check import GateReads, load_task
 from agent.services.outbound import (
     SendOutcome,
@@ -65,7 +65,15 @@ def _request_text(task: Task, draft: RenderedMessage, to: str, shown_flags: tupl
         f"Approval needed for task {task.task_id}: {title.shown}{flags}\n"
         f"The draft below is ready to go to {to}. Reply 'Approved' to approve exactly this "
         "draft, or say what to change. Nothing is sent to the client before that.\n\n"
-        f"Subject: {flag(draft.subject).shown}\n\n{draft.text}"
+        f"Subject: {flag(draft.subject).shown}\n{_files(draft)}\n{draft.text}"
+    )
+
+
+def _files(draft: RenderedMessage) -> str:
+    """The files the draft attaches, as the approver is shown them (name and size)."""
+    return "".join(
+        f"Attachment: {flag(a.name).shown} ({a.size} bytes, sha256 {a.sha256[:12]})\n"
+        for a in draft.attachments
     )
 
 
@@ -77,7 +85,9 @@ def _request_html(task: Task, draft: RenderedMessage, to: str) -> str:
         f"{html.escape(flag(task.title).shown)}</p>"
         f"<p>The draft below is ready to go to {html.escape(to)}. Reply 'Approved' to approve "
         "exactly this draft, or say what to change.</p>"
-        f"<p>Subject: {html.escape(flag(draft.subject).shown)}</p></div>"
+        f"<p>Subject: {html.escape(flag(draft.subject).shown)}</p>"
+        + "".join(f"<p>{html.escape(line)}</p>" for line in _files(draft).splitlines())
+        + "</div>"
     )
     lowered = draft.html.lower()
     at = lowered.find("<body")
@@ -103,7 +113,7 @@ async def request_approval(
     _require_requestable(context, task, task_id)
     clients = _named_clients(client_recipients)
     to, cc = _approver_addresses(context)
-    digest = draft_digest(draft.subject, draft.html, draft.text)
+    digest = digest_of(draft)
     keep_draft(store, task, draft_id, draft, clock)  # a reply's quotes are read against it
     key = _request_key(task, task_id, draft_id, digest, clients)
     shown_to = ", ".join(clients)

@@ -43,6 +43,7 @@ def task_draft(
             body_ref=envelope.body_ref,
             in_reply_to=envelope.in_reply_to,
             references=envelope.references,
+            attachment_refs=envelope.attachment_refs,
         ),
         sender_identity=envelope.sender.address,
         sender_side=sender_contact.side.value if sender_contact and sender_contact.side else None,

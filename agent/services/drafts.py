@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import hashlib
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
 from agent.domain.errors import GateRefused, InvalidRequest, RegistryError
 from agent.domain.gates import DraftFacts, draft_digest
+from agent.domain.mail import AttachmentData
 from agent.domain.records import DraftRecord
 from agent.domain.states import TERMINAL_STATES
 from agent.domain.task import Task
@@ -41,8 +43,10 @@ def render_draft(
     clock: Clock,
     *,
     language: str | None = None,
+    attachments: Sequence[AttachmentData] = (),
 ) -> tuple[DraftRecord, RenderedMessage]:
-    """Render a reply for the task in its original thread's subject and keep it."""
+    """Render a reply for the task in its original thread's subject, with the files it
+    attaches (read by ``attachments.read_attachments``), and keep it."""
     if len(body_markdown) > MAX_DRAFT_CHARS:
         raise InvalidRequest(
             f"the draft is {len(body_markdown)} characters; the limit is {MAX_DRAFT_CHARS}: "
@@ -59,10 +63,15 @@ def render_draft(
         subject=reply_subject(task.original_subject),
         context=context,
         language=language,
-    )
-    digest = draft_digest(rendered.subject, rendered.html, rendered.text)
+    ).model_copy(update={"attachments": tuple(a.ref for a in attachments)})
+    digest = digest_of(rendered)
     draft_id = "draft-" + hashlib.sha256(f"{task_id}|{digest}".encode()).hexdigest()[:20]
     return keep_draft(store, task, draft_id, rendered, clock), rendered
+
+
+def digest_of(rendered: RenderedMessage) -> str:
+    """The digest an approval of ``rendered`` binds to (its files included)."""
+    return draft_digest(rendered.subject, rendered.html, rendered.text, rendered.attachments)
 
 
 def keep_draft(
@@ -74,7 +83,7 @@ def keep_draft(
             draft_id=draft_id,
             task_id=task.task_id,
             workspace_id=task.workspace_id,
-            digest=draft_digest(rendered.subject, rendered.html, rendered.text),
+            digest=digest_of(rendered),
             rendered=rendered.model_dump_json(),
             created_at=clock.now(),
         )

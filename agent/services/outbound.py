@@ -32,7 +32,14 @@ from agent.domain.errors import (
 )
 from agent.domain.handover import check_handover
 from agent.domain.headers import msg_id
-from agent.domain.mail import Handover, Marker, MarkerKind, OutgoingMessage, SendResult
+from agent.domain.mail import (
+    AttachmentData,
+    Handover,
+    Marker,
+    MarkerKind,
+    OutgoingMessage,
+    SendResult,
+)
 from agent.domain.records import SendAttempt, SendIntent, SendRecord, SendState, TaskAmendment
 from agent.domain.task import MessageRef, Task
 from agent.ports import Clock, MailProvider, SendLedger, Tasks
@@ -350,6 +357,7 @@ def outgoing(
     in_reply_to: str | None = None,
     references: tuple[str, ...] = (),
     automated: bool = False,
+    attachments: tuple[AttachmentData, ...] = (),
 ) -> tuple[SendIntent, OutgoingMessage]:
     """A message from the workspace's mailbox and its ledger entry, sharing one Message-ID
     derived from the key. ``thread_id`` empty starts a new thread. Identifiers that are not
@@ -366,6 +374,7 @@ def outgoing(
         text=text,
         html=html,
         internet_message_id=mid,
+        attachments=attachments,
     )
     intent = SendIntent(
         key=key,
@@ -399,8 +408,10 @@ def reply_in_thread(
     to: tuple[str, ...],
     cc: tuple[str, ...],
     kind: str,
+    attachments: tuple[AttachmentData, ...] = (),
 ) -> tuple[SendIntent, OutgoingMessage]:
-    """A reply in the task's thread, answering its latest message from the recipients."""
+    """A reply in the task's thread, answering its latest message from the recipients, with
+    the files the draft attaches (read by reference, checked against the draft's)."""
     answered = task.answered_message((*to, *cc))
     parent, references = answered.reply_headers() if answered is not None else (None, ())
     return outgoing(
@@ -417,6 +428,7 @@ def reply_in_thread(
         thread_id=task.provider_thread_id,
         in_reply_to=parent,
         references=references,
+        attachments=attachments,
     )
 
 

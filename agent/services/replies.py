@@ -19,12 +19,15 @@ from agent.domain.automation import SendKind
 from agent.domain.dispositions import GateKind
 from agent.domain.errors import GateRefused, RegistryError, UnknownSend
 from agent.domain.gates import GateResult
+from agent.domain.mail import AttachmentData
 from agent.domain.recipients import Communication
 from agent.domain.records import SendIntent, SendRecord, SendState, TaskAmendment
 from agent.domain.states import TaskState
 from agent.domain.task import CommunicationState, NextAction, Task
 from agent.ports import Clock, Drafts, MailProvider, SendLedger, Tasks
+from agent.rendering.render import RenderedMessage
 from agent.rendering.verify import Check, ReadBackReport, verify_read_back
+from agent.services.attachments import read_attachments, unchanged
 from agent.services.drafts import DraftStore, facts, load_draft
 from agent.services.gate_check import check_send, load_task
 from agent.services.outbound import (
@@ -37,6 +40,7 @@ from agent.services.outbound import (
     send_once,
     sent_ref,
 )
+from agent.services.workspaces import load_context
 
 
 class ReplyStore(DraftStore, OutboundStore, Protocol):
@@ -127,7 +131,8 @@ async def send_reply(
     if client and task.state is TaskState.DRAFT_READY:
         task = _approve_on_standing_basis(store, task_id, draft_id, gate, clock)
     kind = SendKind.CLIENT_REPLY if client else SendKind.INTERNAL_REPLY
-    intent, message = reply_in_thread(task, key, rendered, to_addrs, cc_addrs, kind)
+    files = await _files_of(store, task, provider, rendered)
+    intent, message = reply_in_thread(task, key, rendered, to_addrs, cc_addrs, kind, files)
     outcome = await send_once(store, provider, intent, message, clock)
     raise_unless_settled(outcome, "send")
     if outcome.status is SendStatus.REFUSED:
@@ -136,6 +141,18 @@ async def send_reply(
     amendment = _handover_amendment(task, key, kind, intent, outcome, (*to_addrs, *cc_addrs), now)
     task = store.amend_task(task_id, amendment, now)
     return ReplyOutcome(gate=gate, outcome=outcome, task=task)
+
+
+async def _files_of(
+    store: ReplyStore, task: Task, provider: MailProvider, rendered: RenderedMessage
+) -> tuple[AttachmentData, ...]:
+    """The draft's files, read again now: exactly the ones it was rendered with."""
+    if not rendered.attachments:
+        return ()
+    context = load_context(store, task.workspace_id)
+    files = await read_attachments(store, context, provider, [a.ref for a in rendered.attachments])
+    unchanged(rendered.attachments, files)
+    return files
 
 
 def _refuse_unless_sendable(

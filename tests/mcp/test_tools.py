@@ -3,6 +3,7 @@ against an operator's station whose one workspace binds a local Maildir."""
 
 from __future__ import annotations
 
+import base64
 import json
 import mailbox
 from email.message import EmailMessage
@@ -1072,3 +1073,45 @@ async def test_the_lifecycle_run_prompt_names_the_mailbox_and_the_lifecycle_skil
     assert f"intake with mailbox_id {MAILBOX}" in text
     assert "outloop://skills/lifecycle" in text
     assert "CLAIMED" in text and "reconcile" in text.lower()
+
+
+async def test_render_attaches_files_by_reference_and_no_tool_carries_their_bytes(
+    station: OperatorStation,
+) -> None:
+    spec = bytes(range(256)) * 4
+    msg = EmailMessage(policy=SMTP)
+    msg["From"], msg["To"], msg["Subject"] = CLIENT, MAILBOX, "Quote request"
+    msg["Date"] = format_datetime(station.clock.now())
+    msg["Message-ID"] = make_msgid(domain="contoso.test")
+    msg.set_content("Quote please; the spec is attached.")
+    msg.add_attachment(spec, maintype="application", subtype="octet-stream", filename="spec.bin")
+    station.deliver_raw(msg.as_bytes())
+    async with station.client() as client:
+        _, claims = await intake_and_claim(client)
+        [claim] = claims
+        refs = claim["message"]["attachment_refs"]
+        await to_draft_ready(client, claim["task_id"])
+        draft = await call(
+            client,
+            "render",
+            task_id=claim["task_id"],
+            body_markdown="The spec you sent is attached back, signed off.",
+            language="en",
+            attachments=refs,
+        )
+        foreign = await client.call_tool(
+            "render",
+            {
+                "task_id": claim["task_id"],
+                "body_markdown": "x",
+                "attachments": ["file:/etc/passwd"],
+            },
+        )
+    assert claim["message"]["attachment_names"][0]["text"] == "spec.bin" and len(refs) == 1
+    [attached] = draft["attachments"]
+    assert (attached["ref"], attached["name"]["text"], attached["size"]) == (
+        refs[0], "spec.bin", len(spec),
+    )  # fmt: skip
+    assert foreign.is_error
+    blob = base64.b64encode(spec).decode()
+    assert blob[:40] not in json.dumps(claims) and blob[:40] not in json.dumps(draft)
