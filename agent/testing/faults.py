@@ -25,14 +25,11 @@ copy accepted while the wrapper's process died before recording it is shown at o
 
 from __future__ import annotations
 
-import os
 import random
 import sqlite3
-from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any, TypeVar
 
 from agent.domain.errors import OutcomeUnknown
 from agent.domain.mail import (
@@ -48,8 +45,7 @@ from agent.domain.mail import (
     StoredCopy,
 )
 from agent.ports import Clock, MailProvider
-
-T = TypeVar("T")
+from agent.testing.shared_file import SharedFile
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _SCHEMA = (
@@ -102,7 +98,7 @@ class Accepted:
     """How many searches found its copy hidden (it was late past them)."""
 
 
-class ChannelFaults:
+class ChannelFaults(SharedFile):
     """The fault switches of wrapped channels and what they accepted, in a SQLite file
     several processes share (each opens its own; a forked child reconnects)."""
 
@@ -112,35 +108,6 @@ class ChannelFaults:
         self._db: sqlite3.Connection | None = None
         self._pid = -1
         self._write(lambda db: [db.execute(statement) for statement in _SCHEMA])
-
-    def _connection(self) -> sqlite3.Connection:
-        if self._db is None or self._pid != os.getpid():
-            # A connection inherited across fork is left alone (never used, never closed).
-            db = sqlite3.connect(self.path, timeout=120, isolation_level=None)
-            db.execute("PRAGMA busy_timeout = 120000")
-            db.execute("PRAGMA journal_mode = WAL")
-            db.execute("PRAGMA synchronous = NORMAL")
-            self._db, self._pid = db, os.getpid()
-        return self._db
-
-    def _write(self, body: Callable[[sqlite3.Connection], T]) -> T:
-        db = self._connection()
-        db.execute("BEGIN IMMEDIATE")
-        try:
-            result = body(db)
-        except BaseException:
-            db.execute("ROLLBACK")
-            raise
-        db.execute("COMMIT")
-        return result
-
-    def _read(self, sql: str, *params: object) -> list[Any]:
-        return self._connection().execute(sql, params).fetchall()
-
-    def close(self) -> None:
-        if self._db is not None and self._pid == os.getpid():
-            self._db.close()
-        self._db = None
 
     # -- the switches ----------------------------------------------------------------------
 

@@ -10,13 +10,12 @@ after its transaction committed has a stored copy, like a real send whose answer
 from __future__ import annotations
 
 import json
-import os
 import sqlite3
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 from agent.domain.mail import (
     AttachmentData,
@@ -35,9 +34,8 @@ from agent.testing.mailbox import (
     message_from_json,
     message_json,
 )
+from agent.testing.shared_file import SharedFile
 
-T = TypeVar("T")
-_INHERITED: list[sqlite3.Connection] = []
 """Connections a forked process inherited: never used, and never closed (closing one could
 checkpoint and remove the write-ahead log under the parent's feet)."""
 
@@ -134,7 +132,7 @@ def _faults_of(text: str) -> Faults:
     )
 
 
-class FileMailbox(MailboxState):
+class FileMailbox(MailboxState, SharedFile):
     """A mailbox's state in a SQLite file (WAL), shared by every process that opens it.
 
     ``mailbox_id`` creates the mailbox when the file holds none (opening an existing one it
@@ -174,36 +172,6 @@ class FileMailbox(MailboxState):
         if mailbox_id is not None and mailbox_id.lower() != row[0]:
             raise ValueError(f"the file holds mailbox {row[0]}, not {mailbox_id}")
         return str(row[0]), str(row[1]), str(row[2])
-
-    def _connection(self) -> sqlite3.Connection:
-        if self._db is None or self._pid != os.getpid():
-            if self._db is not None:
-                _INHERITED.append(self._db)
-            db = sqlite3.connect(self.path, timeout=120, isolation_level=None)
-            db.execute("PRAGMA busy_timeout = 120000")
-            db.execute("PRAGMA journal_mode = WAL")
-            db.execute("PRAGMA synchronous = NORMAL")
-            self._db, self._pid = db, os.getpid()
-        return self._db
-
-    def _write(self, body: Callable[[sqlite3.Connection], T]) -> T:
-        db = self._connection()
-        db.execute("BEGIN IMMEDIATE")
-        try:
-            result = body(db)
-        except BaseException:
-            db.execute("ROLLBACK")
-            raise
-        db.execute("COMMIT")
-        return result
-
-    def _read(self, sql: str, *params: object) -> list[Any]:
-        return self._connection().execute(sql, params).fetchall()
-
-    def close(self) -> None:
-        if self._db is not None and self._pid == os.getpid():
-            self._db.close()
-        self._db = None
 
     # -- storage -------------------------------------------------------------------------
 
