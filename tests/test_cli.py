@@ -11,6 +11,7 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from email.message import EmailMessage
 from email.policy import SMTPUTF8
 from pathlib import Path
@@ -19,6 +20,10 @@ from typing import Any
 import click
 import pytest
 
+from agent.domain.mail import Marker, MarkerKind
+from agent.domain.records import SendAttempt, SendIntent
+from agent.services.workspaces import DataDir
+from agent.storage.sqlite import SqliteStore
 from mcp_server.cli import main
 from tests.conftest import context_yaml, pg_cluster
 
@@ -618,3 +623,57 @@ def test_bench_mcp_reports_gate_check_and_get_task_against_the_no_op_tool_on_bot
             assert figures[tool]["p50_ms"] <= figures[tool]["p99_ms"]
             assert figures[tool]["ratio_p50_to_noop"] > 0
     assert result["within_target"] == (result["worst_p50_ratio"] <= result["target_p50_ratio"])
+
+
+def _unsettled_send(cli: Cli, context_file: Path) -> str:
+    """A registered workspace whose one send lost its outcome on a channel that keeps no
+    sent copy: handed to a person. Its key."""
+    assert cli("workspace", "add", "--context", context_file).returncode == 0
+    store = SqliteStore(DataDir(cli.data_dir).database)
+    try:
+        now = datetime(2026, 11, 30, 9, tzinfo=UTC)
+        marker = Marker(kind=MarkerKind.MESSAGE_ID, value="<s-1@fabrikam.test>")
+        intent = SendIntent(
+            key="reply|draft-1|client", workspace_id=WORKSPACE_ID, kind="client_reply",
+            task_id=None, internet_message_id="<s-1@fabrikam.test>",
+            recipients=("dana.levi@contoso.test",), automated=False, holder="host/1/1/w",
+            marker=marker,
+        )  # fmt: skip
+        store.begin_send(intent, now)
+        attempt = SendAttempt(
+            channel="browser", marker=marker, keeps_sent_copy=False, sent_copy_latency=timedelta(0)
+        )
+        assert store.attempt_send(intent.key, intent.holder, attempt, now) is not None
+        store.mark_uncertain(intent.key, intent.holder, "OutcomeUnknown: the page closed", now)
+        store.hand_to_person(intent.key, "the browser keeps no sent copy to check", now)
+    finally:
+        store.close()
+    return intent.key
+
+
+def test_sends_show_and_settle_a_send_no_channel_could_settle_with_an_audit_trail(
+    cli: Cli, maildir_workspace: MaildirWorkspace
+) -> None:
+    key = _unsettled_send(cli, maildir_workspace.context_file)
+    listed = cli("sends", "list", "--workspace", WORKSPACE_ID, "--unsettled", "--json")
+    assert listed.returncode == 0, listed.stderr
+    [row] = [json.loads(line) for line in listed.stdout.splitlines()]
+    assert (row["key"], row["state"], row["channel"]) == (key, "with_person", "browser")
+    undecided = cli("sends", "settle", key, "--evidence", "looked")
+    assert undecided.returncode == 2 and "--sent or --not-sent" in undecided.stderr
+    settled = cli(
+        "sends", "settle", key, "--not-sent", "--by", "noa",
+        "--evidence", "not in the recipient's inbox (checked with Dana by phone)",
+    )  # fmt: skip
+    assert settled.returncode == 0, settled.stderr
+    assert "one more attempt may go" in settled.stdout
+    shown = json.loads(cli("sends", "show", key, "--json").stdout)
+    assert shown["state"] == "intent" and shown["resend_allowed"] is True
+    assert [(e["state"], e["actor"]) for e in shown["events"]][-2:] == [
+        ("with_person", "host/1/1/w"), ("intent", "noa"),
+    ]  # fmt: skip
+    assert "checked with Dana by phone" in shown["events"][-1]["detail"]
+    again = cli("sends", "settle", key, "--sent", "--evidence", "twice")
+    assert again.returncode == 1 and "only a send whose outcome is unknown" in again.stderr
+    missing = cli("sends", "show", "reply|nothing|client")
+    assert missing.returncode == 1 and "no send" in missing.stderr

@@ -73,3 +73,23 @@ def test_missing_kpis_and_destinations_are_context_gaps_not_errors() -> None:
         "approval.roles (no internal contact holds an approval role)",
     )
     assert parse_context(context_yaml()).missing_for_intake() == ()
+
+
+def _with_channels(channels: str) -> str:
+    return context_yaml(provider="google").replace(
+        "provider: google}", f"provider: google, channels: {channels}}}"
+    )
+
+
+def test_a_mailboxs_channels_are_tried_in_the_canonical_order_and_a_list_out_of_it_is_refused() -> (
+    None
+):
+    [binding] = parse_context(_with_channels("[api, provider_mcp, browser]")).mailboxes
+    assert [c.value for c in binding.permitted_channels] == ["api", "provider_mcp", "browser"]
+    assert not binding.reads_after_refusal  # only if separately authorized
+    with pytest.raises(ContextError, match=r"canonical order .*list them as \[api, browser\]"):
+        parse_context(_with_channels("[browser, api]"))
+    with pytest.raises(ContextError, match="each channel may be listed once"):
+        parse_context(_with_channels("[api, api]"))
+    [default] = parse_context(context_yaml(provider="maildir", path="Maildir")).mailboxes
+    assert [c.value for c in default.permitted_channels] == ["local"]
