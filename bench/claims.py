@@ -133,8 +133,8 @@ def _claims_worker(args: argparse.Namespace) -> dict[str, Any]:
     box = synthetic_mailbox(MAILBOX, args.items, args.per_thread)
     random.Random(args.seed).shuffle(box.inbox)
 
-    def provider_for(binding: MailboxBinding) -> MailProvider:
-        del binding
+    def provider_for(workspace_id: str, binding: MailboxBinding) -> MailProvider:
+        del workspace_id, binding
         return box
 
     _ready_then_wait_for_go()

@@ -14,10 +14,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from agent.domain.context import MailboxBinding
-from agent.domain.errors import ContextError, ProviderError
+from agent.domain.errors import AuthenticationExpired, ContextError, ProviderError
 from agent.domain.mail import Channel
-from agent.domain.secrets import Secret
+from agent.domain.secrets import CredentialRef, Secret
 from agent.ports import EmbeddedStore, MailProvider, TaskBoard, Vault
+from agent.providers.imap_smtp import ImapSmtpProvider
 from agent.providers.maildir import MaildirProvider
 from agent.services.intake import ProviderFactory
 from agent.services.workspaces import DataDir
@@ -42,6 +43,7 @@ __all__ = [
     "VAULT_DIR_ENV",
     "VAULT_KEY_ENV",
     "VAULT_KEY_FILE_ENV",
+    "Providers",
     "Settings",
     "Station",
     "open_station",
@@ -135,7 +137,7 @@ def open_station(settings: Settings) -> Station:
     settings.data_dir.mkdir(parents=True, exist_ok=True)
     data_dir = DataDir(settings.data_dir)
     store = open_store(settings.database_url, data_dir.database)
-    return Station(data_dir=data_dir, store=store, provider_for=provider_for)
+    return Station(data_dir=data_dir, store=store, provider_for=Providers(settings))
 
 
 def open_vault(settings: Settings) -> Vault:
@@ -183,16 +185,47 @@ def _vault_key(settings: Settings, backend: vault.Backend) -> Secret | None:
     )
 
 
-def provider_for(binding: MailboxBinding) -> MailProvider:
-    """The channel a mailbox binding is read and sent through: the first of its permitted
-    channels, in the canonical order, that an installed adapter reaches."""
-    for channel in binding.permitted_channels:
-        if binding.provider == "maildir" and channel is Channel.LOCAL:
-            assert binding.path is not None  # the context model requires it
-            return MaildirProvider(Path(binding.path), binding.mailbox_id)
-    raise ProviderError(
-        f"mailbox {binding.mailbox_id}: no installed adapter reaches mail system "
-        f"{binding.provider!r} through its permitted channels "
-        f"({', '.join(binding.permitted_channels)}); this version has the embedded 'maildir' "
-        "(local files, with a path)"
-    )
+class Providers:
+    """The installed mail adapters, as the intake and the tools reach a workspace's mailbox:
+    the first of its permitted channels, in the canonical order, that an adapter reaches.
+    The vault is opened on first need (only IMAP needs a secret from it in this version)."""
+
+    def __init__(self, settings: Settings) -> None:
+        self._settings = settings
+        self._vault: Vault | None = None
+
+    def __call__(self, workspace_id: str, binding: MailboxBinding) -> MailProvider:
+        for channel in binding.permitted_channels:
+            if binding.provider == "maildir" and channel is Channel.LOCAL:
+                assert binding.path is not None  # the context model requires it
+                return MaildirProvider(Path(binding.path), binding.mailbox_id)
+            if channel is Channel.IMAP and binding.server is not None:
+                password = self._secret(workspace_id, binding, binding.server.password)
+                return ImapSmtpProvider(
+                    binding.server, binding.mailbox_id, password, provider=binding.provider
+                )
+        raise ProviderError(
+            f"mailbox {binding.mailbox_id}: no installed adapter reaches mail system "
+            f"{binding.provider!r} through its permitted channels "
+            f"({', '.join(binding.permitted_channels)}); this version has the embedded "
+            "'maildir' (local files, with a path) and 'imap' (an IMAP and SMTP server)"
+        )
+
+    def _secret(self, workspace_id: str, binding: MailboxBinding, name: str) -> Secret:
+        ref = CredentialRef(workspace_id=workspace_id, mailbox_id=binding.mailbox_id, name=name)
+        try:
+            if self._vault is None:
+                self._vault = open_vault(self._settings)
+            return self._vault.secret(ref)
+        except ContextError as exc:
+            raise AuthenticationExpired(
+                f"mailbox {binding.mailbox_id}: its {name!r} cannot be read from the vault "
+                f"({exc}); store it with 'outloop vault set {workspace_id} "
+                f"{binding.mailbox_id} {name}'"
+            ) from None
+
+
+def provider_for(workspace_id: str, binding: MailboxBinding) -> MailProvider:
+    """The channel a mailbox binding is read and sent through, with the settings of this
+    process's environment (see ``Providers``)."""
+    return Providers(read_settings())(workspace_id, binding)

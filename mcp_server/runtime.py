@@ -101,7 +101,7 @@ class Runtime:
     def provider_for_task(self, task: Task) -> MailProvider:
         """The task's own mailbox, as the live context binds it."""
         context = load_context(self.station.store, task.workspace_id)
-        return self.provider_for(self.binding(context, task.mailbox_id))
+        return self.provider_for(task.workspace_id, self.binding(context, task.mailbox_id))
 
 
 def refusal(

@@ -824,7 +824,7 @@ async def access_status_tool(workspace_id: Id, ctx: Context) -> AccessView:
     out: list[MailboxAccess] = []
     for binding in context.mailboxes:
         try:
-            provider = rt.provider_for(binding)
+            provider = rt.provider_for(workspace_id, binding)
             health = await provider.health()
         except Exception as exc:  # every failure is a finding here, not a crash
             out.append(

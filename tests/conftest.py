@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import shutil
+import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -20,6 +22,7 @@ from agent.storage.sqlite import SqliteStore
 from agent.testing import FrozenClock
 from agent.testing.contexts import context_yaml  # noqa: F401 - the tests import it from here
 from bench.pg_cluster import ThrowawayCluster
+from fixtures.dovecot import Dovecot
 
 # The session's leak canary: a secret planted in a vault and looked for everywhere else.
 pytest_plugins = ["tests.leak_canary"]
@@ -47,6 +50,23 @@ def pg_cluster() -> ThrowawayCluster:
 def pytest_sessionfinish() -> None:
     if _cluster is not None:
         _cluster.destroy()
+    if _dovecot is not None:
+        _dovecot.destroy()
+        shutil.rmtree(_dovecot.root, ignore_errors=True)
+
+
+_dovecot: Dovecot | None = None
+
+
+def session_dovecot() -> Dovecot:
+    """The session's private Dovecot on 127.0.0.1 (IMAP and LMTP), started on first use
+    and destroyed when the session ends. Each test signs in as a user of its own
+    (``add_user``), so no test sees another's mail."""
+    global _dovecot  # noqa: PLW0603 - one server per test session
+    if _dovecot is None:
+        root = Path(tempfile.mkdtemp(prefix="outloop-dovecot-"))
+        _dovecot = Dovecot(root).start()
+    return _dovecot
 
 
 def pg_url_at(where: Path) -> str:
@@ -155,7 +175,7 @@ async def run_intake(
         store=store,
         data_dir=data_dir,
         workspace_id=workspace_id,
-        provider_for=lambda binding: by_id[binding.mailbox_id],
+        provider_for=lambda _workspace, binding: by_id[binding.mailbox_id],
         clock=clock,
         holder=holder,
         from_start=from_start,

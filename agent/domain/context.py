@@ -42,6 +42,92 @@ DEFAULT_CHANNELS: dict[str, tuple[Channel, ...]] = {
 any other mail system defaults to its API."""
 
 
+class Security(StrEnum):
+    """How a connection to a mail server is protected."""
+
+    TLS = "tls"
+    """TLS from the first byte (IMAP 993, SMTP submission 465; RFC 8314 prefers it)."""
+    STARTTLS = "starttls"
+    """A plain connection upgraded by STARTTLS before anything else is said (SMTP 587)."""
+    NONE = "none"
+    """No encryption: only to a server on this machine (127.0.0.1, ::1, localhost)."""
+
+
+LOOPBACK_HOSTS = frozenset({"127.0.0.1", "::1", "localhost"})
+DEFAULT_PORTS = {
+    ("imap", Security.TLS): 993,
+    ("imap", Security.NONE): 143,
+    ("smtp", Security.TLS): 465,
+    ("smtp", Security.STARTTLS): 587,
+    ("smtp", Security.NONE): 587,
+}
+
+
+class Endpoint(_Model):
+    """One server: host, port (default from the protocol and security) and security."""
+
+    host: str = Field(min_length=1)
+    port: int | None = Field(default=None, ge=1, le=65535)
+    security: Security = Security.TLS
+
+    @model_validator(mode="after")
+    def _no_plain_text_off_this_machine(self) -> Endpoint:
+        if self.security is Security.NONE and self.host.lower() not in LOOPBACK_HOSTS:
+            raise ValueError(
+                f"security 'none' sends the password in clear text: it is allowed only for a "
+                f"server on this machine, not {self.host!r}; use 'tls' (or 'starttls' for SMTP)"
+            )
+        return self
+
+    def port_for(self, protocol: str) -> int:
+        return self.port or DEFAULT_PORTS[(protocol, self.security)]
+
+
+class MailServer(_Model):
+    """How a mailbox is reached over IMAP (reading, sent copies) and SMTP submission
+    (sending). The password is a name in the vault, never a value."""
+
+    imap: Endpoint
+    smtp: Endpoint
+    username: str | None = Field(
+        default=None, description="the login name for both servers (default: the mailbox address)"
+    )
+    password: str = Field(
+        default="password", description="the vault name of the password (or app password)"
+    )
+    submission_keeps_sent_copy: bool = Field(
+        default=False,
+        description="the submission server files a copy of each message it accepts in the "
+        "mailbox's Sent folder itself (Gmail's and Microsoft 365's SMTP do); otherwise "
+        "Outloop appends the copy after the server accepted the message",
+    )
+    sent_copy_latency_seconds: int = Field(
+        default=120,
+        ge=0,
+        le=86400,
+        description="the longest the submission server's own copy takes to appear in Sent "
+        "(used only when it keeps one)",
+    )
+    timeout_seconds: float = Field(default=30.0, gt=0, le=600)
+
+    @field_validator("imap")
+    @classmethod
+    def _imap_security(cls, value: Endpoint) -> Endpoint:
+        if value.security is Security.STARTTLS:
+            raise ValueError(
+                "IMAP is reached over TLS from the first byte (port 993, RFC 8314), not "
+                "STARTTLS; set imap.security to 'tls'"
+            )
+        return value
+
+    @field_validator("password")
+    @classmethod
+    def _password_name(cls, value: str) -> str:
+        if not re.fullmatch(NAME_PATTERN, value):
+            raise ValueError(f"password names a vault entry ({value!r} is not a name)")
+        return value
+
+
 class MailboxBinding(_Model):
     """One mailbox this workspace reads. A shared mailbox binds items by exact rules.
 
@@ -69,6 +155,9 @@ class MailboxBinding(_Model):
     credentials: tuple[str, ...] = Field(
         default=(),
         description="names of this mailbox's secrets in the vault (values never appear here)",
+    )
+    server: MailServer | None = Field(
+        default=None, description="the IMAP and SMTP servers (a mailbox reached over IMAP)"
     )
 
     @field_validator("channels")
@@ -111,6 +200,15 @@ class MailboxBinding(_Model):
     def _maildir_path(self) -> MailboxBinding:
         if self.provider == "maildir" and not self.path:
             raise ValueError(f"mailbox {self.mailbox_id}: provider maildir needs a path")
+        return self
+
+    @model_validator(mode="after")
+    def _imap_server(self) -> MailboxBinding:
+        if Channel.IMAP in self.permitted_channels and self.server is None:
+            raise ValueError(
+                f"mailbox {self.mailbox_id}: the imap channel needs server: with imap: and "
+                "smtp: (host, port, security) and the vault name of its password"
+            )
         return self
 
 

@@ -19,6 +19,7 @@
     |   +-- Throttled               the provider asks us to slow down (``retry_after`` seconds)
     |   +-- TransientFailure        a failure that may pass (network, 5xx); retried with a bound
     |   |   +-- OutcomeUnknown      a send was handed over and its answer was lost
+    |   +-- NotHandedOver           a send failed before the channel took it: nothing went out
     |   +-- NotFound                the message, attachment or folder is not there
     |   +-- AccessRefused           the provider or a policy refuses this (never routed around)
     |   +-- CursorExpired           the change cursor is no longer valid: resync in full
@@ -145,6 +146,12 @@ class TransientFailure(ProviderError):
 class OutcomeUnknown(TransientFailure):
     """A send was handed to the channel and its answer was lost: it may have gone out. It
     is settled from the sent copies, never by sending again blind."""
+
+
+class NotHandedOver(ProviderError):
+    """A send failed before the channel took the message (the server could not be reached,
+    refused the login, the sender or every recipient): nothing went out, and the send may
+    be tried again."""
 
 
 class NotFound(ProviderError):

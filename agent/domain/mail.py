@@ -74,6 +74,10 @@ class Capabilities(BaseModel):
     keeps_sent_copy: bool = True
     """Sending leaves a copy that ``find_sent`` can search. Without one, a lost outcome
     cannot be settled here and goes to a person."""
+    files_sent_copy: bool = False
+    """The channel files a copy of what it sent after the send was accepted (an IMAP
+    client appending to Sent): ``find_sent`` reads it back, but its absence proves nothing
+    about a lost answer (``keeps_sent_copy`` stays False)."""
     sent_copy_latency: timedelta = timedelta(0)
     """The longest a sent copy may take to become searchable after the send was accepted:
     only a search this long after the attempt proves a copy absent."""

@@ -124,7 +124,8 @@ class Planned:
         return item_ref(self.mailbox, self.scanned.item_ref)
 
 
-ProviderFactory = Callable[[MailboxBinding], MailProvider]
+ProviderFactory = Callable[[str, MailboxBinding], MailProvider]
+"""The channel to a workspace's mailbox: ``provider_for(workspace_id, binding)``."""
 
 
 def item_ref(binding: MailboxBinding, provider_ref: str) -> str:
@@ -236,7 +237,7 @@ async def resume(
     planned = [p for e in entries if (p := _replanned(context, e)) is not None]
     _oldest_first(planned)
     bindings = {p.mailbox.mailbox_id: p.mailbox for p in planned}
-    providers = {m: provider_for(b) for m, b in bindings.items()}
+    providers = {m: provider_for(context.workspace_id, b) for m, b in bindings.items()}
     preflights = {m: classify.preflight(context, m) for m in providers}
     return Scan(
         store=store,
@@ -345,7 +346,7 @@ class _Reader:
         providers: dict[str, MailProvider] = {}
         for binding in bindings:
             try:
-                provider = provider_for(binding)
+                provider = provider_for(self.workspace_id, binding)
                 providers[binding.mailbox_id] = provider
                 await self.read(provider, binding)
             except ProviderError as exc:

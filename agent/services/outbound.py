@@ -26,6 +26,7 @@ from agent.domain.errors import (
     GateRefused,
     HandoverRefused,
     InvalidRequest,
+    NotHandedOver,
     OutcomeUnknown,
     ProviderError,
     UnknownSend,
@@ -311,6 +312,13 @@ async def _attempt(
     crashpoints.hit("before_provider_send")
     try:
         result = await provider.send(handover)
+    except NotHandedOver as exc:
+        # The channel says it never took the message: the attempt is over and another may go.
+        channel = provider.capabilities.channel
+        store.settle_send(
+            intent.key, False, f"{type(exc).__name__}: {exc}", f"channel {channel}", clock.now()
+        )
+        raise
     except ProviderError as exc:
         # Whatever the failure, it may have happened after the channel took the message:
         # the attempt is settled from the sent copies, never repeated blind.

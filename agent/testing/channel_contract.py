@@ -97,6 +97,7 @@ class ChannelLifecycleContract(MailboxHooks):
             mailbox=provider.mailbox_id,
             provider=provider.provider,
             path=self.context_path(),
+            mailbox_fields=self.context_fields(),
         )
         source = self.where / "context.yaml"
         source.write_text(text, encoding="utf-8")
@@ -152,7 +153,7 @@ class ChannelLifecycleContract(MailboxHooks):
             store=self.core_store,
             data_dir=self.data_dir,
             workspace_id=WORKSPACE,
-            provider_for=lambda _binding: self.build(channel=channel),
+            provider_for=lambda _workspace, _binding: self.build(channel=channel),
             clock=self.core_clock,
             from_start=from_start,
         )

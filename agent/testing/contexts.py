@@ -16,6 +16,7 @@ def context_yaml(
     licence: str = "active",
     shared: bool = False,
     bind_to: tuple[str, ...] = (),
+    mailbox_fields: str = "",
 ) -> str:
     """A complete Workspace Context; switches turn parts of it off for gap scenarios."""
     mailbox_line = f"{{mailbox_id: {mailbox}, provider: {provider}"
@@ -23,6 +24,8 @@ def context_yaml(
         mailbox_line += f", path: {path}"
     if shared:
         mailbox_line += f", shared: true, bind_to: [{', '.join(bind_to)}]"
+    if mailbox_fields:
+        mailbox_line += f", {mailbox_fields}"
     mailbox_line += "}"
     text = f"""\
         workspace_id: {workspace_id}

@@ -74,7 +74,8 @@ class SubmittingMaildir(MaildirProvider):
         return copy.model_copy(update={"delivered": True}) if copy is not None else None
 
 
-def submitting(binding: MailboxBinding) -> MailProvider:
+def submitting(workspace_id: str, binding: MailboxBinding) -> MailProvider:
+    del workspace_id
     assert binding.path is not None
     return SubmittingMaildir(Path(binding.path), binding.mailbox_id)
 

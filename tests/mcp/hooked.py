@@ -75,7 +75,8 @@ class HookedMaildir(MaildirProvider):
 
 
 def hooked_client(station: OperatorStation, hooks: Hooks) -> Client:
-    def providers(binding: MailboxBinding) -> MailProvider:
+    def providers(workspace_id: str, binding: MailboxBinding) -> MailProvider:
+        del workspace_id
         assert binding.path is not None
         return HookedMaildir(Path(binding.path), binding.mailbox_id, hooks)
 

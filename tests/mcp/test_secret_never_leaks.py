@@ -43,9 +43,9 @@ class CarelessSignIn:
         self.credentials = credentials
         self.accepts = accepts
 
-    def __call__(self, binding: MailboxBinding) -> MailProvider:
+    def __call__(self, workspace_id: str, binding: MailboxBinding) -> MailProvider:
         for name in binding.credentials:
-            ref = CredentialRef(workspace_id=WORKSPACE, mailbox_id=binding.mailbox_id, name=name)
+            ref = CredentialRef(workspace_id=workspace_id, mailbox_id=binding.mailbox_id, name=name)
             secret = self.credentials.secret(ref)
             logger.debug("signing in %s with %s (%r)", ref, secret, secret)
             handed_over = secret.reveal().encode()  # the hand-over to the identity provider
@@ -55,7 +55,7 @@ class CarelessSignIn:
                 except AuthenticationExpired:
                     logger.exception("sign-in failed for %s using %s", ref, secret)
                     raise
-        return submitting(binding)
+        return submitting(workspace_id, binding)
 
 
 def with_credentials(names: str) -> str:

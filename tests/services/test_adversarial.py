@@ -286,7 +286,7 @@ class Station:
             store=self.store,
             data_dir=self.data_dir,
             workspace_id=WS,
-            provider_for=lambda _b: self.provider,
+            provider_for=lambda _w, _b: self.provider,
             clock=self.clock,
         )
 

@@ -60,7 +60,7 @@ def _race_worker(db: str, ctx_root: str, ws: str, seed: int, barrier: Any) -> No
     anyio.run(
         lambda: intake.run_cycle(
             store=store, data_dir=workspaces.DataDir(Path(ctx_root)), workspace_id=ws,
-            provider_for=lambda _b: box, clock=FrozenClock(),
+            provider_for=lambda _w, _b: box, clock=FrozenClock(),
         )
     )  # fmt: skip
     store.close()
