@@ -6,9 +6,21 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from pydantic import ValidationError
 
-from agent.domain.errors import StoreError
-from mcp_server.composition import DATABASE_URL_SETTING, Settings, open_station, read_settings
+from agent.domain.context import Endpoint, MailboxBinding, MailServer, Security
+from agent.domain.errors import AuthenticationExpired, StoreError
+from agent.domain.mail import Channel
+from agent.domain.secrets import CredentialRef, Secret
+from agent.providers.imap_smtp import ImapSmtpProvider
+from mcp_server.composition import (
+    DATABASE_URL_SETTING,
+    Providers,
+    Settings,
+    open_station,
+    open_vault,
+    read_settings,
+)
 
 PASSWORD = "pw-not-to-be-shown"
 
@@ -67,3 +79,69 @@ def test_a_bad_database_url_fails_naming_the_setting(tmp_path: Path) -> None:
         open_station(settings)
     assert DATABASE_URL_SETTING in str(raised.value)
     assert PASSWORD not in str(raised.value)
+
+
+# -- which adapter reaches a mailbox ---------------------------------------------------------
+
+IMAP_BINDING = {
+    "mailbox_id": "Support@Fabrikam.test",
+    "provider": "imap",
+    "server": {
+        "imap": {"host": "imap.fabrikam.test"},
+        "smtp": {"host": "smtp.fabrikam.test", "security": "starttls"},
+        "password": "imap-password",
+    },
+}
+
+
+def test_an_imap_mailbox_is_reached_with_its_password_from_the_workspace_s_vault(
+    tmp_path: Path,
+) -> None:
+    settings = Settings(data_dir=tmp_path, vault_backend="plain")
+    ref = CredentialRef(
+        workspace_id="ws-a", mailbox_id="support@fabrikam.test", name="imap-password"
+    )
+    open_vault(settings).set_secret(ref, Secret(PASSWORD))
+    binding = MailboxBinding.model_validate(IMAP_BINDING)
+    provider = Providers(settings)("ws-a", binding)
+    assert isinstance(provider, ImapSmtpProvider)
+    assert (provider.provider, provider.mailbox_id) == ("imap", "support@fabrikam.test")
+    assert provider.capabilities.channel is Channel.IMAP
+    with pytest.raises(AuthenticationExpired) as missing:  # another workspace's secret is not used
+        Providers(settings)("ws-b", binding)
+    assert "outloop vault set ws-b support@fabrikam.test imap-password" in str(missing.value)
+    assert PASSWORD not in str(missing.value)
+
+
+@pytest.mark.parametrize(
+    ("server", "says"),
+    [
+        (None, "the imap channel needs server:"),
+        (
+            {"imap": {"host": "imap.fabrikam.test", "security": "none"}, "smtp": {"host": "s"}},
+            "only for a server on this machine",
+        ),
+        (
+            {"imap": {"host": "imap.fabrikam.test", "security": "starttls"}, "smtp": {"host": "s"}},
+            "set imap.security to 'tls'",
+        ),
+        (
+            {"imap": {"host": "i"}, "smtp": {"host": "s"}, "password": "not a name!"},
+            "names a vault entry",
+        ),
+    ],
+    ids=["no server", "clear text off this machine", "imap starttls", "password not a name"],
+)
+def test_an_imap_binding_that_cannot_work_is_refused_saying_what_to_change(
+    server: dict[str, object] | None, says: str
+) -> None:
+    with pytest.raises(ValidationError) as refused:
+        MailboxBinding.model_validate({**IMAP_BINDING, "server": server})
+    assert says in str(refused.value)
+
+
+def test_tls_ports_default_by_protocol_and_plain_text_is_allowed_on_loopback_only() -> None:
+    server = MailServer.model_validate(IMAP_BINDING["server"])
+    assert (server.imap.port_for("imap"), server.smtp.port_for("smtp")) == (993, 587)
+    local = Endpoint(host="127.0.0.1", security=Security.NONE)
+    assert local.port_for("imap") == 143
