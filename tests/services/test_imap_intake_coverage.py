@@ -1,0 +1,180 @@
+"""Intake over a real IMAP server (Dovecot) records every message exactly once, whatever
+happens to the server while it reads: mail arriving between pages, the inbox rebuilt
+(UIDVALIDITY changed) between pages and between runs, the server restarted mid-scan.
+
+Each test compares what the server shows (its inbox's Message-IDs) with what the runs
+recorded (one claimed occurrence per message, clean reconciliations) and reports both."""
+
+from __future__ import annotations
+
+import itertools
+from collections import Counter
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from agent.domain.context import Endpoint, MailServer, Security
+from agent.domain.execution import ClaimOutcome
+from agent.domain.mail import ChangePage
+from agent.domain.secrets import Secret
+from agent.ports import EmbeddedStore
+from agent.providers.imap_smtp import ImapSmtpProvider
+from agent.services import intake, workspaces
+from agent.testing import FrozenClock
+from agent.testing.contexts import context_yaml
+from agent.testing.providers import raw_message
+from fixtures.dovecot import Dovecot
+from tests.conftest import REPORTED, run_intake, session_dovecot
+
+MAILBOX = "support@fabrikam.test"
+PASSWORD = "coverage-pw"
+_users = itertools.count(1)
+
+
+class Interrupting(ImapSmtpProvider):
+    """The adapter, with something done to the server after each page it read."""
+
+    def __init__(
+        self, server: MailServer, password: Secret, after_page: Callable[[int], None]
+    ) -> None:
+        super().__init__(server, MAILBOX, password, page_size=4)
+        self._after_page = after_page
+        self._pages = 0
+
+    async def changes(self, cursor: str | None) -> ChangePage:
+        page = await super().changes(cursor)
+        self._pages += 1
+        self._after_page(self._pages)
+        return page
+
+
+class Mailbox:
+    def __init__(self, dovecot: Dovecot, user: str) -> None:
+        self.dovecot, self.user = dovecot, user
+        self.delivered = 0
+
+    def deliver(self, count: int) -> None:
+        for _ in range(count):
+            self.dovecot.deliver(self.user, raw_message(1000 + self.delivered))
+            self.delivered += 1
+
+    def shown(self) -> list[str]:
+        return self.dovecot.message_ids(self.user, PASSWORD)
+
+    def server(self) -> MailServer:
+        host = self.dovecot.host
+        return MailServer(
+            imap=Endpoint(host=host, port=self.dovecot.imap_port, security=Security.NONE),
+            smtp=Endpoint(host=host, port=1, security=Security.NONE),  # nothing is sent
+            username=self.user,
+        )
+
+    def channel(self, after_page: Callable[[int], None] = lambda _: None) -> ImapSmtpProvider:
+        return Interrupting(self.server(), Secret(PASSWORD), after_page)
+
+
+@pytest.fixture
+def box(tmp_path: Path) -> Mailbox:
+    dovecot = session_dovecot()
+    user = f"coverage{next(_users)}-{tmp_path.name[-10:]}@fabrikam.test".lower()
+    dovecot.add_user(user, PASSWORD)
+    return Mailbox(dovecot, user)
+
+
+@pytest.fixture
+def workspace(
+    station_store: EmbeddedStore, data_dir: workspaces.DataDir, box: Mailbox, tmp_path: Path
+) -> Iterator[str]:
+    server = (
+        f"server: {{imap: {{host: {box.dovecot.host}, port: {box.dovecot.imap_port}, "
+        f"security: none}}, smtp: {{host: {box.dovecot.host}, port: 1, security: none}}, "
+        f"username: '{box.user}'}}"
+    )
+    text = context_yaml("ws-imap-0001", mailbox=MAILBOX, provider="imap", mailbox_fields=server)
+    source = tmp_path / "context.yaml"
+    source.write_text(text, encoding="utf-8")
+    yield workspaces.add_workspace(
+        station_store, data_dir, source, FrozenClock().now()
+    ).workspace_id
+
+
+async def _runs(
+    store: EmbeddedStore,
+    data_dir: workspaces.DataDir,
+    workspace: str,
+    channels: list[ImapSmtpProvider],
+) -> list[intake.RunResult]:
+    clock = FrozenClock()
+    results: list[intake.RunResult] = []
+    for channel in channels:
+        results.append(await run_intake(store, data_dir, workspace, clock, channel))
+        await channel.aclose()
+    return results
+
+
+def _check(name: str, box: Mailbox, results: list[intake.RunResult]) -> None:
+    shown = box.shown()
+    claimed = Counter(
+        item.item_ref for r in results for item in r.items if item.claim is ClaimOutcome.CLAIMED
+    )
+    tasks = Counter(
+        item.task_id for r in results for item in r.items if item.claim is ClaimOutcome.CLAIMED
+    )
+    REPORTED[f"imap intake coverage {name}"] = {
+        "server_shows": len(shown),
+        "claimed": sum(claimed.values()),
+        "items_seen": sum(len(r.items) for r in results),
+        "runs": len(results),
+    }
+    assert len(shown) == box.delivered, "the server lost or doubled mail"
+    assert sum(claimed.values()) == len(shown), (len(shown), claimed)
+    assert len(tasks) == len(shown) and set(tasks.values()) == {1}
+    for result in results:
+        assert result.access_errors == [] and result.item_errors == []
+        assert result.reconciliation is not None and result.reconciliation.clean
+
+
+@pytest.mark.anyio
+async def test_mail_arriving_between_pages_of_a_scan_is_recorded_exactly_once(
+    station_store: EmbeddedStore, data_dir: workspaces.DataDir, workspace: str, box: Mailbox
+) -> None:
+    box.deliver(9)
+    arriving = box.channel(after_page=lambda n: box.deliver(2) if n <= 2 else None)
+    results = await _runs(station_store, data_dir, workspace, [arriving, box.channel()])
+    _check("mail arriving mid-scan", box, results)
+
+
+@pytest.mark.anyio
+async def test_an_inbox_rebuilt_mid_scan_and_between_runs_is_recorded_exactly_once(
+    station_store: EmbeddedStore, data_dir: workspaces.DataDir, workspace: str, box: Mailbox
+) -> None:
+    box.deliver(10)
+
+    def rebuild(page: int) -> None:
+        if page == 1:
+            box.dovecot.change_uidvalidity(box.user)
+
+    first = box.channel(after_page=rebuild)
+    results = await _runs(station_store, data_dir, workspace, [first])
+    box.dovecot.change_uidvalidity(box.user)
+    box.deliver(3)
+    results += await _runs(station_store, data_dir, workspace, [box.channel()])
+    _check("UIDVALIDITY changed", box, results)
+
+
+@pytest.mark.anyio
+async def test_a_server_restarted_mid_scan_leaves_every_message_recorded_exactly_once(
+    station_store: EmbeddedStore, data_dir: workspaces.DataDir, workspace: str, box: Mailbox
+) -> None:
+    box.deliver(10)
+
+    def restart(page: int) -> None:
+        if page == 1:
+            box.dovecot.restart()
+            box.deliver(2)
+
+    results = await _runs(
+        station_store, data_dir, workspace, [box.channel(after_page=restart), box.channel()]
+    )
+    _check("server restarted mid-scan", box, results)
