@@ -25,6 +25,7 @@ from agent.testing import FrozenClock
 from agent.testing.contexts import context_yaml
 from agent.testing.providers import raw_message
 from fixtures.dovecot import Dovecot
+from fixtures.imap_proxy import ImapProxy
 from tests.conftest import REPORTED, run_intake, session_dovecot
 
 MAILBOX = "support@fabrikam.test"
@@ -113,7 +114,9 @@ async def _runs(
     return results
 
 
-def _check(name: str, box: Mailbox, results: list[intake.RunResult]) -> None:
+def _check(name: str, box: Mailbox, results: list[intake.RunResult], gaps: int = 0) -> None:
+    """Every message the server shows was claimed once, into a task of its own; every run
+    reconciled clean; ``gaps`` runs met a mailbox they could not read."""
     shown = box.shown()
     claimed = Counter(
         item.item_ref for r in results for item in r.items if item.claim is ClaimOutcome.CLAIMED
@@ -130,8 +133,9 @@ def _check(name: str, box: Mailbox, results: list[intake.RunResult]) -> None:
     assert len(shown) == box.delivered, "the server lost or doubled mail"
     assert sum(claimed.values()) == len(shown), (len(shown), claimed)
     assert len(tasks) == len(shown) and set(tasks.values()) == {1}
+    assert sum(len(r.access_errors) for r in results) == gaps
     for result in results:
-        assert result.access_errors == [] and result.item_errors == []
+        assert result.item_errors == []
         assert result.reconciliation is not None and result.reconciliation.clean
 
 
@@ -178,3 +182,42 @@ async def test_a_server_restarted_mid_scan_leaves_every_message_recorded_exactly
         station_store, data_dir, workspace, [box.channel(after_page=restart), box.channel()]
     )
     _check("server restarted mid-scan", box, results)
+
+
+@pytest.mark.anyio
+async def test_a_refused_login_a_cut_fetch_and_garbage_are_access_gaps_that_lose_nothing(
+    station_store: EmbeddedStore, data_dir: workspaces.DataDir, workspace: str, box: Mailbox
+) -> None:
+    box.deliver(10)
+    wrong = ImapSmtpProvider(box.server(), MAILBOX, Secret("not-the-password"), page_size=4)
+    results = await _runs(station_store, data_dir, workspace, [wrong])
+    [refused] = results[0].access_errors
+    assert MAILBOX in refused and "outloop vault set" in refused
+    assert "not-the-password" not in refused
+    health = [h.detail for h in station_store.list_health()]
+    assert any("refused the login" in detail for detail in health)
+    with ImapProxy(box.dovecot.imap_port) as proxy:
+        through = MailServer.model_validate(
+            {
+                **box.server().model_dump(),
+                "imap": {"host": box.dovecot.host, "port": proxy.port, "security": "none"},
+            }
+        )
+
+        def channel() -> ImapSmtpProvider:
+            return ImapSmtpProvider(through, MAILBOX, Secret(PASSWORD), page_size=4)
+
+        def cut_second_page(page: int) -> None:
+            if page == 1:
+                proxy.cut_fetch(after=500)
+
+        cut = Interrupting(through, Secret(PASSWORD), cut_second_page)
+        results += await _runs(station_store, data_dir, workspace, [cut])
+        assert len(results[-1].access_errors) == 1 and "dropped" in results[-1].access_errors[0]
+        proxy.garble_fetch()
+        results += await _runs(station_store, data_dir, workspace, [channel()])
+        assert "not IMAP" in results[-1].access_errors[0]
+        results += await _runs(station_store, data_dir, workspace, [channel()])
+        assert results[-1].access_errors == []
+    assert proxy.fired == ["cut a FETCH after 500 bytes", "garbled a FETCH"]
+    _check("refused login, cut FETCH, garbage", box, results, gaps=3)
