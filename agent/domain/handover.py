@@ -147,15 +147,28 @@ def check_mime(message: OutgoingMessage, mime: bytes, marker: Marker | None = No
     return problems
 
 
+def _decoded(parsed: Message, name: str, raw: str) -> str:
+    """A header value as a reader decodes it. Only a value with an encoded word (``=?``) or
+    an RFC 2231 parameter (``*=``) can decode to other text than it is written in, so only
+    those go through the library's (slow) structured decoding; any other is its written
+    text unfolded, as the library unfolds it."""
+    if "=?" in raw or "*=" in raw:
+        return str(parsed.policy.header_fetch_parse(name, raw))
+    return "".join(_LINE_SEPARATORS.split(raw))
+
+
+_LINE_SEPARATORS = re.compile(r"\r\n|\r|\n")
+
+
 def _check_values(message: OutgoingMessage, parsed: Message) -> list[str]:
     problems: list[str] = []
-    for name, value in parsed.items():
-        text = str(value)
+    for name, raw in parsed.raw_items():
+        text = _decoded(parsed, name, str(raw))
         if any(ch in LINE_BREAKS or ch == "\0" for ch in text):
             problems.append(f"header {name} decodes to text with a line break or NUL")
     planned = planned_addresses(message)
     for name in sorted({n.lower() for n in parsed} & ADDRESS_HEADERS):
-        values = [str(v) for v in parsed.get_all(name) or []]
+        values = [str(v) for k, v in parsed.raw_items() if k.lower() == name]
         found = [address for _, address in email.utils.getaddresses(values)]
         written = _written_addresses(_raw(parsed, name) or "")
         wanted = planned.get(name, ())
