@@ -109,6 +109,11 @@ class MailServer(_Model):
         "(used only when it keeps one)",
     )
     timeout_seconds: float = Field(default=30.0, gt=0, le=600)
+    ca_file: str | None = Field(
+        default=None,
+        description="a PEM file of the certificate authorities trusted for these servers (an "
+        "internal CA); default: the system's. Certificates are always verified",
+    )
 
     @field_validator("imap")
     @classmethod

@@ -111,13 +111,14 @@ class ImapSession:
         port = imap.port_for("imap")
         timeout = self._server.timeout_seconds
         lost = _LostConnection()
+        context = None
         if imap.security is Security.TLS:
-            context = ssl.create_default_context()
-            client = _lib.IMAP4_SSL(
-                host=imap.host, port=port, timeout=timeout, ssl_context=context, conn_lost_cb=lost
-            )
-        else:
-            client = _lib.IMAP4(host=imap.host, port=port, timeout=timeout, conn_lost_cb=lost)
+            context = ssl.create_default_context(cafile=self._server.ca_file)
+        # The base client takes both a TLS context and the lost-connection callback (the
+        # TLS subclass drops the callback).
+        client = _lib.IMAP4(
+            host=imap.host, port=port, timeout=timeout, conn_lost_cb=lost, ssl_context=context
+        )
         lost.protocol = client.protocol
         try:
             await self._greeted(client)
@@ -130,6 +131,8 @@ class ImapSession:
     async def _greeted(self, client: Any) -> None:
         try:
             await client.wait_hello_from_server()
+        except ssl.SSLError as exc:
+            raise tls_refused(self._mailbox_id, self.where, exc) from None
         except _DROPPED as exc:
             raise self.dropped("could not be opened", exc) from None
         except _ImapError as exc:
@@ -368,6 +371,16 @@ class _LostConnection:
 _TEMPORARY = re.compile(r"^\[(SERVERBUG|UNAVAILABLE|INUSE)\]")
 """Response codes of a NO that may pass (RFC 5530): the connection is replaced."""
 _DROPPED = (OSError, TimeoutError, asyncio.TimeoutError, ConnectionLost)
+
+
+def tls_refused(mailbox_id: str, where: str, exc: ssl.SSLError) -> ProviderError:
+    """TLS with a server failed: never retried, never downgraded."""
+    reason = getattr(exc, "verify_message", None) or exc.reason or str(exc)
+    return ProviderError(
+        f"mailbox {mailbox_id}: TLS with {where} failed ({reason}); if its certificate is "
+        "issued by an internal authority, set server.ca_file to that authority's PEM file, "
+        "else fix the server's certificate (nothing is sent or read without a verified one)"
+    )
 
 
 def _close_transport(client: Any) -> None:

@@ -29,6 +29,7 @@ was sent.
 
 from __future__ import annotations
 
+import ssl
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -65,7 +66,7 @@ from agent.domain.mail import (
 from agent.domain.secrets import Secret
 from agent.ports import Clock
 from agent.providers import imap_wire, mime, rfc822
-from agent.providers.imap_session import FolderStatus, ImapSession
+from agent.providers.imap_session import FolderStatus, ImapSession, tls_refused
 from agent.providers.retry import with_retries
 
 CHANNEL = Channel.IMAP
@@ -475,11 +476,13 @@ class _Submission:
         self, sender: str, recipients: Sequence[str], raw: bytes
     ) -> tuple[tuple[str, str], ...]:
         smtp = self._server.smtp
+        secure = smtp.security is not Security.NONE
         client = aiosmtplib.SMTP(
             hostname=smtp.host,
             port=smtp.port_for("smtp"),
             use_tls=smtp.security is Security.TLS,
             start_tls=smtp.security is Security.STARTTLS,
+            tls_context=ssl.create_default_context(cafile=self._server.ca_file) if secure else None,
             timeout=self._server.timeout_seconds,
         )
         try:
@@ -503,6 +506,10 @@ class _Submission:
         try:
             await client.connect()
         except (TimeoutError, aiosmtplib.SMTPException, OSError) as exc:
+            failed_tls = _tls_error(exc)
+            if failed_tls is not None:
+                refused = tls_refused(self._mailbox_id, self._where, failed_tls)
+                raise NotHandedOver(f"{refused}. Nothing was sent") from None
             raise self._not_handed_over("could not be reached", exc) from None
         username = self._server.username or self._mailbox_id
         try:
@@ -538,6 +545,16 @@ class _Submission:
                 f"recipient ({reasons}); nothing was sent"
             )
         return tuple(refused)
+
+
+def _tls_error(exc: BaseException) -> ssl.SSLError | None:
+    """The TLS failure behind a connection error, if that is what it was."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, ssl.SSLError):
+            return seen
+        seen = seen.__cause__ or seen.__context__
+    return None
 
 
 def _reason(exc: BaseException) -> str:

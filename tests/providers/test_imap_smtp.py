@@ -45,6 +45,7 @@ from agent.testing.providers import (
 from fixtures.dovecot import Dovecot
 from fixtures.imap_proxy import ImapProxy
 from fixtures.submission import SubmissionServer
+from fixtures.tls import issue
 from tests.conftest import session_dovecot
 
 PASSWORD = 'pa"ss\\word'
@@ -345,3 +346,56 @@ class TestImapAppendingItsCopy(OnDovecotAppendingItsCopy):
         assert handover.marker is not None
         assert await provider.find_sent(handover.marker) is None  # but no copy proves it
         await provider.aclose()
+
+
+class TestTls(OnDovecot):
+    """TLS on both sides, with certificates from an authority of the test's own: trusted
+    through ``server.ca_file``, refused (never downgraded) without it."""
+
+    def tls_server(
+        self, imap_port: int, smtp_port: int, implicit: bool, ca: str | None
+    ) -> MailServer:
+        return MailServer(
+            imap=Endpoint(host="127.0.0.1", port=imap_port, security=Security.TLS),
+            smtp=Endpoint(
+                host="127.0.0.1",
+                port=smtp_port,
+                security=Security.TLS if implicit else Security.STARTTLS,
+            ),
+            username=self.user,
+            ca_file=ca,
+            timeout_seconds=20,
+        )
+
+    @pytest.mark.anyio
+    @pytest.mark.parametrize("implicit", [False, True], ids=["starttls", "implicit-tls"])
+    async def test_reading_and_sending_over_tls_verify_the_servers_against_the_ca_file(
+        self, implicit: bool
+    ) -> None:
+        issued = issue(self.where / "tls")
+        context = issued.server_context()
+        submission = SubmissionServer.for_dovecot(
+            self.dovecot, tls=context, implicit_tls=implicit
+        ).start()
+        self.servers.append(submission)
+        self.deliver(raw_message(1))
+        with ImapProxy(self.dovecot.imap_port, tls=context) as proxy:
+            trusted = self.tls_server(proxy.port, submission.port, implicit, str(issued.ca_file))
+            provider = ImapSmtpProvider(trusted, MAILBOX, Secret(PASSWORD))
+            [parent] = envelopes((await read_all(provider))[0])
+            await sent(provider, reply(parent, provider.capabilities))
+            assert [e.message_id for e in submission.envelopes] == ["<reply-1@fabrikam.test>"]
+            await provider.aclose()
+
+            untrusted = self.tls_server(proxy.port, submission.port, implicit, None)
+            stranger = ImapSmtpProvider(untrusted, MAILBOX, Secret(PASSWORD))
+            with pytest.raises(ProviderError) as imap_refused:
+                await stranger.changes(None)
+            assert not isinstance(imap_refused.value, TransientFailure)
+            assert "server.ca_file" in str(imap_refused.value)
+            handover = await stranger.prepare(reply(parent, provider.capabilities))
+            with pytest.raises(NotHandedOver) as smtp_refused:
+                await stranger.send(handover)
+            assert "server.ca_file" in str(smtp_refused.value)
+            assert len(submission.envelopes) == 1  # nothing more was sent
+            await stranger.aclose()
