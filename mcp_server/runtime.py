@@ -54,6 +54,12 @@ class Runtime:
         default_factory=dict[tuple[str, str], ClaimView]
     )
     failed_claims: dict[tuple[str, str], str] = field(default_factory=dict[tuple[str, str], str])
+    channels: dict[tuple[str, str], tuple[MailboxBinding, MailProvider]] = field(
+        default_factory=dict[tuple[str, str], tuple[MailboxBinding, MailProvider]]
+    )
+    """The channel each mailbox's calls go through, opened on first use and kept (an IMAP
+    connection is reused); closed when the server stops."""
+    retired: list[MailProvider] = field(default_factory=list[MailProvider])
 
     _locks: dict[tuple[str, ...], tuple[anyio.Lock, list[int]]] = field(
         default_factory=dict[tuple[str, ...], tuple[anyio.Lock, list[int]]]
@@ -101,7 +107,28 @@ class Runtime:
     def provider_for_task(self, task: Task) -> MailProvider:
         """The task's own mailbox, as the live context binds it."""
         context = load_context(self.station.store, task.workspace_id)
-        return self.provider_for(task.workspace_id, self.binding(context, task.mailbox_id))
+        return self.mailbox(task.workspace_id, self.binding(context, task.mailbox_id))
+
+    def mailbox(self, workspace_id: str, binding: MailboxBinding) -> MailProvider:
+        """The channel to a workspace's mailbox, reused across this server's calls; a binding
+        the operator changed since gets a new one (the old one is closed with the server)."""
+        key = (workspace_id, binding.mailbox_id)
+        kept = self.channels.get(key)
+        if kept is not None and kept[0] == binding:
+            return kept[1]
+        provider = self.provider_for(workspace_id, binding)
+        if kept is not None:
+            self.retired.append(kept[1])
+        self.channels[key] = (binding, provider)
+        return provider
+
+    async def aclose(self) -> None:
+        """Close every channel this server opened."""
+        providers = [p for _, p in self.channels.values()] + self.retired
+        self.channels.clear()
+        self.retired.clear()
+        for provider in providers:
+            await provider.aclose()
 
 
 def refusal(

@@ -99,13 +99,15 @@ def _lifespan(
     @asynccontextmanager
     async def lifespan(_: MCPServer[Runtime]) -> AsyncGenerator[Runtime]:
         station = open_station(settings)
+        runtime = Runtime(
+            station=station,
+            clock=clock or SystemClock(),
+            provider_for=providers or station.provider_for,
+        )
         try:
-            yield Runtime(
-                station=station,
-                clock=clock or SystemClock(),
-                provider_for=providers or station.provider_for,
-            )
+            yield runtime
         finally:
+            await runtime.aclose()
             station.close()
 
     return lifespan

@@ -14,7 +14,7 @@ from pydantic import ConfigDict, Field
 
 from agent.domain.errors import ContextError, ProviderError, RegistryError
 from agent.domain.gates import GateResult
-from agent.domain.mail import AttachmentData, MessageBody
+from agent.domain.mail import AttachmentData, Channel, MessageBody
 from agent.domain.records import DraftRecord
 from agent.domain.states import TaskState
 from agent.domain.task import Task
@@ -815,6 +815,12 @@ async def submit_learning_tool(
     )
 
 
+def _access_path(channel: Channel) -> str:
+    """The access path a channel is, in the tool's words: an IMAP server is reached by its
+    API (its protocol), a Maildir is embedded."""
+    return {Channel.LOCAL: "embedded", Channel.IMAP: "api"}.get(channel, channel.value)
+
+
 async def access_status_tool(workspace_id: Id, ctx: Context) -> AccessView:
     """Which access path each of the workspace's mailboxes uses now, and whether it is
     healthy, with the reason when it is not."""
@@ -824,7 +830,7 @@ async def access_status_tool(workspace_id: Id, ctx: Context) -> AccessView:
     out: list[MailboxAccess] = []
     for binding in context.mailboxes:
         try:
-            provider = rt.provider_for(workspace_id, binding)
+            provider = rt.mailbox(workspace_id, binding)
             health = await provider.health()
         except Exception as exc:  # every failure is a finding here, not a crash
             out.append(
@@ -841,7 +847,7 @@ async def access_status_tool(workspace_id: Id, ctx: Context) -> AccessView:
             MailboxAccess(
                 mailbox_id=binding.mailbox_id,
                 provider=binding.provider,
-                path="embedded" if binding.provider == "maildir" else "api",
+                path=_access_path(provider.capabilities.channel),
                 ok=health.ok,
                 detail=health.detail,
             )

@@ -102,6 +102,10 @@ class ImapSession:
         return frozenset(c.upper() for c in found)
 
     async def client(self) -> Any:
+        """The connection, opened anew when there is none or the server closed it (an
+        idle connection is dropped by servers after a while)."""
+        if self._client is not None and self._client.protocol.state == _lib.LOGOUT:
+            await self.discard()
         if self._client is None:
             self._client = await self._connect()
         return self._client

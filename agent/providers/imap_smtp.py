@@ -29,13 +29,16 @@ was sent.
 
 from __future__ import annotations
 
+import functools
 import ssl
-from collections.abc import Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from email.utils import parsedate_to_datetime
+from typing import Any, TypeVar, cast
 
 import aiosmtplib
+import anyio
 
 from agent.domain.context import MailServer, Security
 from agent.domain.envelope import thread_alias
@@ -115,6 +118,21 @@ def _parse_ref(ref: str) -> tuple[bytes, int, int]:
     return folder.encode("ascii", "replace"), int(validity), int(numbers)
 
 
+F = TypeVar("F", bound=Callable[..., Coroutine[Any, Any, Any]])
+
+
+def _one_at_a_time(method: F) -> F:
+    """The IMAP connection serves one call at a time: two calls interleaving on it would
+    each open a folder under the other."""
+
+    @functools.wraps(method)
+    async def run(self: ImapSmtpProvider, *args: Any, **kwargs: Any) -> Any:
+        async with self._lock:  # pyright: ignore[reportPrivateUsage]
+            return await method(self, *args, **kwargs)
+
+    return cast(F, run)
+
+
 class ImapSmtpProvider:
     """The MailProvider port on an IMAP server and its SMTP submission server.
 
@@ -144,6 +162,7 @@ class ImapSmtpProvider:
         self._clock = clock
         self._session = ImapSession(server, self._mailbox_id, password)
         self._sent: bytes | None = None
+        self._lock = anyio.Lock()
 
     @property
     def provider(self) -> str:
@@ -175,6 +194,7 @@ class ImapSmtpProvider:
     # -- reading -------------------------------------------------------------------------
 
     @with_retries
+    @_one_at_a_time
     async def changes(self, cursor: str | None) -> ChangePage:
         start = None if cursor is None else _Cursor.decode(cursor)
         status = await self._session.open_folder(INBOX)
@@ -269,10 +289,12 @@ class ImapSmtpProvider:
         raise NotFound(f"message {ref} is no longer in mailbox {self._mailbox_id}")
 
     @with_retries
+    @_one_at_a_time
     async def fetch_body(self, body_ref: str) -> MessageBody:
         return rfc822.body(await self._raw(body_ref))
 
     @with_retries
+    @_one_at_a_time
     async def fetch_attachment(self, ref: str) -> AttachmentData:
         item_ref, _, index = ref.rpartition("/")
         if not index.isdigit():
@@ -315,7 +337,8 @@ class ImapSmtpProvider:
         )
         filed = None
         if not self._server.submission_keeps_sent_copy:
-            filed = await self._file_copy(raw)
+            async with self._lock:
+                filed = await self._file_copy(raw, handover.marker)
         message = handover.message
         return SendResult(
             provider_message_id=filed or f"smtp:{message.internet_message_id}",
@@ -327,20 +350,33 @@ class ImapSmtpProvider:
             refused=refused,
         )
 
-    async def _file_copy(self, raw: bytes) -> str | None:
+    async def _file_copy(self, raw: bytes, marker: Marker | None) -> str | None:
         """Append our sent copy to the Sent folder; its reference when the server names it.
         The message went out already: a failure here loses only the copy, so it is tried
-        again on a new connection, and then left (read-back will find no copy), never raised
-        as a failed send."""
+        again on a new connection - unless the copy is there already (the append may have
+        been stored and its answer lost) - and then left (read-back finds no copy), never
+        raised as a failed send."""
         for _ in range(3):
             try:
                 folder = await self._sent_folder()
                 appended = await self._session.append(folder, raw)
             except ProviderError:
                 await self._session.discard()
+                found = await self._already_filed(marker)
+                if found is not None:
+                    return found
                 continue
             return None if appended is None else _ref(folder, *appended)
         return None
+
+    async def _already_filed(self, marker: Marker | None) -> str | None:
+        if marker is None:
+            return None
+        try:
+            copy = await self._find(marker)
+        except ProviderError:
+            return None
+        return None if copy is None else copy.provider_message_id
 
     async def _sent_folder(self) -> bytes:
         if self._sent is None:
@@ -348,9 +384,13 @@ class ImapSmtpProvider:
         return self._sent
 
     @with_retries
+    @_one_at_a_time
     async def find_sent(self, marker: Marker) -> StoredCopy | None:
         if marker.kind not in self._markers:
             raise Unsupported(f"this IMAP channel does not search by a {marker.kind} marker")
+        return await self._find(marker)
+
+    async def _find(self, marker: Marker) -> StoredCopy | None:
         folder = await self._sent_folder()
         status = await self._session.open_folder(folder)
         header = "Message-ID" if marker.kind is MarkerKind.MESSAGE_ID else mime.MARKER_HEADER
@@ -387,6 +427,7 @@ class ImapSmtpProvider:
 
     # -- the rest ------------------------------------------------------------------------
 
+    @_one_at_a_time
     async def health(self) -> ProviderHealth:
         try:
             status = await self._session.open_folder(INBOX)
@@ -402,6 +443,7 @@ class ImapSmtpProvider:
             f"{status.uidvalidity}, next UID {status.uidnext}",
         )
 
+    @_one_at_a_time
     async def aclose(self) -> None:
         await self._session.close()
 

@@ -40,6 +40,7 @@ from agent.domain.mail import (
     MarkerKind,
     OutgoingMessage,
     SendResult,
+    StoredCopy,
 )
 from agent.domain.records import SendAttempt, SendIntent, SendRecord, SendState, TaskAmendment
 from agent.domain.task import MessageRef, Task
@@ -257,7 +258,14 @@ async def settle_from_copies(
         record = store.mark_uncertain(
             record.key, holder, "the worker handing it over stopped before the answer", clock.now()
         )
+    marker = marker_of(record)
+    searchable = marker.kind in provider.capabilities.markers
     if not record.keeps_sent_copy:
+        # A copy filed after the answer (an IMAP client's append) proves the send went out
+        # when it is there; its absence proves nothing, so a person decides.
+        copy = await provider.find_sent(marker) if searchable else None
+        if copy is not None:
+            return _recovered(store, record, copy, clock, "the copy filed after its answer")
         reason = (
             f"the outcome through {record.channel} was lost and that channel keeps no sent "
             "copy to check"
@@ -265,18 +273,23 @@ async def settle_from_copies(
         return SendOutcome(
             SendStatus.WITH_PERSON, store.hand_to_person(record.key, reason, clock.now())
         )
-    marker = marker_of(record)
-    if marker.kind not in provider.capabilities.markers:
+    if not searchable:
         return SendOutcome(SendStatus.UNCERTAIN, record)  # only its own channel can search it
     copy = await provider.find_sent(marker)
     if copy is not None:
-        done = store.complete_send(
-            record.key, copy.provider_message_id, "settled from the sent copy", clock.now()
-        )
-        return SendOutcome(SendStatus.RECOVERED, done)
+        return _recovered(store, record, copy, clock, "the sent copy")
     if clock.now() < _searchable_by(record, provider):
         return SendOutcome(SendStatus.UNCERTAIN, record)
     return None  # proven absent: one more attempt may go
+
+
+def _recovered(
+    store: SendLedger, record: SendRecord, copy: StoredCopy, clock: Clock, source: str
+) -> SendOutcome:
+    done = store.complete_send(
+        record.key, copy.provider_message_id, f"settled from {source}", clock.now()
+    )
+    return SendOutcome(SendStatus.RECOVERED, done)
 
 
 def _searchable_by(record: SendRecord, provider: MailProvider) -> datetime:

@@ -44,13 +44,26 @@ import pytest
 from agent.domain.dispositions import Disposition
 from agent.domain.errors import HandoverRefused, InvalidRequest
 from agent.domain.execution import ClaimOutcome
-from agent.domain.mail import MarkerKind, OutgoingMessage
+from agent.domain.mail import (
+    AttachmentData,
+    Capabilities,
+    ChangePage,
+    Handover,
+    Marker,
+    MarkerKind,
+    MessageBody,
+    OutgoingMessage,
+    ProviderHealth,
+    SendResult,
+    StoredCopy,
+)
 from agent.domain.records import SendIntent, SendState
 from agent.domain.task import Task
-from agent.ports import EmbeddedStore
+from agent.ports import EmbeddedStore, MailProvider
 from agent.providers import mime
 from agent.rendering.render import render_message
 from agent.services import intake, outbound
+from agent.services.holder import current_holder
 from agent.services.workspaces import DataDir, add_workspace
 from agent.storage.backend import open_store
 from agent.testing.clocks import FrozenClock
@@ -408,6 +421,38 @@ class ChannelLifecycleContract(MailboxHooks):
         assert self.copies(task) == 1
 
     @pytest.mark.anyio
+    async def test_a_send_whose_worker_died_after_the_handover_is_settled_from_its_copy(
+        self,
+    ) -> None:
+        """The worker dies after the channel took the message, before it ledgered the answer.
+        The next worker finds the copy by its marker - whether the mail system keeps copies
+        or the channel filed its own after the answer - and sends nothing; only a channel
+        with no copy at all hands it to a person."""
+        task = await self.first_task()
+        provider = self.build(channel=self.first)
+        intent, message = self.reply(task)
+        with pytest.raises(_Died):
+            await outbound.send_once(
+                self.core_store,
+                _DiesAfterHandover(provider),
+                intent.model_copy(update={"holder": _dead_holder()}),
+                message,
+                self.core_clock,
+            )
+        await provider.aclose()
+        assert self.copies(task) == 1
+        caps = self.build(channel=self.first).capabilities
+        if caps.sent_copy_latency > timedelta(0):
+            self.pass_time(caps.sent_copy_latency)
+        settled = await self.send(self.first, task)
+        if caps.keeps_sent_copy or caps.files_sent_copy:
+            assert settled.status is outbound.SendStatus.RECOVERED, settled.record
+            assert settled.record.state is SendState.CONFIRMED
+        else:
+            assert settled.status is outbound.SendStatus.WITH_PERSON, settled.record
+        assert self.copies(task) == 1
+
+    @pytest.mark.anyio
     async def test_a_lost_send_through_a_channel_without_a_sent_copy_goes_to_a_person(
         self,
     ) -> None:
@@ -508,3 +553,58 @@ class ChannelLifecycleContract(MailboxHooks):
         assert {key: after.get(key) for key in before} == before
         added = sorted(set(after) - set(before))
         assert len(added) == self.copies(task) == 1, added
+
+
+class _Died(BaseException):
+    """A worker's death, right after the channel took the message (nothing catches it)."""
+
+
+def _dead_holder() -> str:
+    """A holder on this machine whose process is gone (its pid's start time differs)."""
+    parts = current_holder().split("/")
+    parts[3] = "1"
+    return "/".join(parts)
+
+
+class _DiesAfterHandover:
+    """A channel whose worker dies the moment the channel has taken the message."""
+
+    def __init__(self, inner: MailProvider) -> None:
+        self._inner = inner
+
+    @property
+    def provider(self) -> str:
+        return self._inner.provider
+
+    @property
+    def mailbox_id(self) -> str:
+        return self._inner.mailbox_id
+
+    @property
+    def capabilities(self) -> Capabilities:
+        return self._inner.capabilities
+
+    async def changes(self, cursor: str | None) -> ChangePage:
+        return await self._inner.changes(cursor)
+
+    async def fetch_body(self, body_ref: str) -> MessageBody:
+        return await self._inner.fetch_body(body_ref)
+
+    async def fetch_attachment(self, ref: str) -> AttachmentData:
+        return await self._inner.fetch_attachment(ref)
+
+    async def prepare(self, message: OutgoingMessage) -> Handover:
+        return await self._inner.prepare(message)
+
+    async def send(self, handover: Handover) -> SendResult:
+        await self._inner.send(handover)
+        raise _Died
+
+    async def find_sent(self, marker: Marker) -> StoredCopy | None:
+        return await self._inner.find_sent(marker)
+
+    async def health(self) -> ProviderHealth:
+        return await self._inner.health()
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
