@@ -12,6 +12,7 @@ import email
 import email.header
 import email.policy
 import email.utils
+import functools
 import hashlib
 import html as html_lib
 import re
@@ -21,7 +22,7 @@ from datetime import UTC, datetime
 from email.message import EmailMessage, Message
 from email.parser import HeaderParser
 from email.policy import compat32
-from typing import cast
+from typing import Any, cast
 
 from agent.domain.envelope import Address, Envelope, content_digest
 from agent.domain.headers import ADDRESS_HEADERS, msg_ids
@@ -122,12 +123,32 @@ def _fold_lone_cr(raw: bytes) -> tuple[bytes, bool]:
     return _LONE_CR_RE.sub(b" ", head) + raw[end:], True
 
 
+class _OncePerValue(email.policy.EmailPolicy):
+    """The standard library's default policy, but a header value it has parsed once is not
+    parsed again: reading a message asks for the same headers many times (every part's
+    Content-Type at each step), and most messages share most values. Parsed headers are
+    immutable, so sharing them changes nothing a reader sees."""
+
+    def header_fetch_parse(self, name: str, value: str) -> Any:
+        if hasattr(value, "name"):
+            return value
+        return _parsed_header(name, value)
+
+
+@functools.lru_cache(maxsize=8192)
+def _parsed_header(name: str, value: str) -> Any:
+    return email.policy.default.header_fetch_parse(name, value)
+
+
+POLICY = _OncePerValue()
+
+
 def parse(raw: bytes) -> Parsed:
     if not raw.strip():
         raise UnparseableMessage("the message is empty (zero bytes of headers and body)")
     raw, folded = _fold_lone_cr(raw)
     try:
-        message = email.message_from_bytes(raw, policy=email.policy.default)
+        message = cast(EmailMessage, email.message_from_bytes(raw, policy=POLICY))
     except RecursionError as exc:
         raise UnparseableMessage(
             "the MIME parts are nested too deeply for the parser to read "

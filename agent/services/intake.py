@@ -14,6 +14,7 @@ Steps 9 and 10 (the work itself, approvals, replies) belong to the agent host.
 
 from __future__ import annotations
 
+import re
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -457,13 +458,24 @@ def _keep_legacy_keys(store: Claims, planned: list[Planned]) -> list[Planned]:
 
 
 def _oldest_first(planned: list[Planned]) -> None:
-    """Oldest first by the canonical received_at; unreadable items last."""
+    """Oldest first by the canonical received_at, then by when the sender wrote it (a
+    mail server stamps arrivals to the second), then by the item's reference with its
+    numbers compared as numbers (UID 2 before UID 10), so every worker orders a run alike;
+    unreadable items last."""
     planned.sort(
         key=lambda p: (
             p.envelope is None,
             p.envelope.received_at.timestamp() if p.envelope else 0.0,
-            p.ref,
+            p.envelope.sent_at.timestamp() if p.envelope and p.envelope.sent_at else 0.0,
+            _natural(p.ref),
         )
+    )
+
+
+def _natural(ref: str) -> tuple[tuple[int, str], ...]:
+    """A reference as its runs of digits (compared as numbers) and of other text."""
+    return tuple(
+        (int(run), "") if run.isdigit() else (-1, run) for run in re.split(r"(\d+)", ref) if run
     )
 
 

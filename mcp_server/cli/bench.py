@@ -1,5 +1,5 @@
-"""``outloop bench claims|reconcile|render|mcp|send``: the benchmarks of the ``bench`` package.
-Each measures its baseline in the same run and prints one JSON object with --json."""
+"""``outloop bench claims|reconcile|render|mcp|send|intake``: the benchmarks of the ``bench``
+package. Each measures its baseline in the same run and prints one JSON object with --json."""
 
 from __future__ import annotations
 
@@ -12,7 +12,8 @@ from typing import Any
 import anyio
 import click
 
-from bench import claims, reconcile, render, send
+from bench import claims, intake_imap, reconcile, render, send
+from fixtures.dovecot import Dovecot, DovecotError
 from mcp_server.cli.shared import F, choice_option, data_dir_option, number_option
 from mcp_server.composition import DATABASE_URL_SETTING, Settings
 
@@ -161,6 +162,45 @@ def bench_send(sends: int, mailbox: str, as_json: bool, data_dir: Path | None) -
         scratch, sends=sends, mailbox=mailbox, progress=lambda line: click.echo(line, err=True)
     )
     echo_result(result, as_json, 24)
+
+
+@bench.command("intake")
+@choice_option(
+    "--provider",
+    intake_imap.PROVIDERS,
+    "imap",
+    "The mail system read: only imap for now (a throwaway Dovecot started for the run).",
+)
+@number_option(
+    "--messages", click.IntRange(min=1), 2000, "Messages in the mailbox (4 to a thread)."
+)
+@number_option(
+    "--rounds",
+    click.IntRange(min=1),
+    intake_imap.ROUNDS,
+    "Times each side runs, alternating which goes first (intake into a fresh store each time).",
+)
+@bench_output_options
+def bench_intake(
+    provider: str, messages: int, rounds: int, as_json: bool, data_dir: Path | None
+) -> None:
+    """Messages per second from a mailbox to claimed, triaged tasks (the whole intake cycle
+    through the IMAP adapter into a scratch SQLite store), against a bare fetch of the same
+    messages with the same IMAP client in the same run. Only --provider imap so far: it
+    starts a private Dovecot, so it must run as root."""
+    scratch = _bench_scratch(data_dir)
+    try:
+        result = intake_imap.run(
+            scratch,
+            Dovecot,
+            provider=provider,
+            messages=messages,
+            rounds=rounds,
+            progress=lambda line: click.echo(line, err=True),
+        )
+    except (intake_imap.BenchError, DovecotError) as exc:
+        raise click.ClickException(str(exc)) from exc
+    echo_result(result, as_json, 26)
 
 
 @bench.command("mcp")

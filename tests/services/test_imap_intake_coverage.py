@@ -221,3 +221,24 @@ async def test_a_refused_login_a_cut_fetch_and_garbage_are_access_gaps_that_lose
         assert results[-1].access_errors == []
     assert proxy.fired == ["cut a FETCH after 500 bytes", "garbled a FETCH"]
     _check("refused login, cut FETCH, garbage", box, results, gaps=3)
+
+
+@pytest.mark.anyio
+async def test_messages_stamped_in_the_same_second_are_taken_in_uid_order(
+    station_store: EmbeddedStore, data_dir: workspaces.DataDir, workspace: str, box: Mailbox
+) -> None:
+    """A server stamps arrivals to the second: a request (UID 9) and its follow-up (UID 10)
+    arriving in one second are taken in that order, so the request starts the task."""
+    stamp = b"Received: from mx.contoso.test; Mon, 02 Nov 2026 10:00:05 +0000\r\n"
+    for n in range(8):
+        box.dovecot.append_raw(box.user, PASSWORD, "INBOX", stamp + raw_message(200 + n))
+    box.dovecot.append_raw(box.user, PASSWORD, "INBOX", stamp + raw_message(1))
+    follow_up = raw_message(2, in_reply_to="<c1@contoso.test>")
+    box.dovecot.append_raw(box.user, PASSWORD, "INBOX", stamp + follow_up)
+    box.delivered = 10
+    [result] = await _runs(station_store, data_dir, workspace, [box.channel()])
+    assert [i.claim for i in result.items] == [ClaimOutcome.CLAIMED] * 10
+    assert result.reconciliation is not None and result.reconciliation.clean
+    subjects = sorted(t.original_subject for t in station_store.list_tasks(workspace))
+    assert len(subjects) == 9  # the follow-up joined the request's task
+    assert "Invoice 1" in subjects and "Re: Invoice" not in subjects
