@@ -163,6 +163,7 @@ class ImapSmtpProvider:
         self._session = ImapSession(server, self._mailbox_id, password)
         self._sent: bytes | None = None
         self._lock = anyio.Lock()
+        self._threading: tuple[tuple[int, int | None, int | None], dict[int, int]] | None = None
 
     @property
     def provider(self) -> str:
@@ -234,7 +235,7 @@ class ImapSmtpProvider:
     ) -> tuple[ScannedMessage, ...]:
         fetched = await self._session.uid_fetch(uids, FETCH_ITEMS)
         by_uid = {imap_wire.number(f.get(b"UID"), "a fetched UID"): f for f in fetched}
-        roots = await self._roots(uids)
+        roots = await self._roots(status, uids)
         items: list[ScannedMessage] = []
         for uid in uids:
             found = by_uid.get(uid)
@@ -244,19 +245,25 @@ class ImapSmtpProvider:
             items.append(_scanned(ref, found, roots.get(uid), self._provider, self._mailbox_id))
         return tuple(items)
 
-    async def _roots(self, uids: Sequence[int]) -> dict[int, str]:
+    async def _roots(self, status: FolderStatus, uids: Sequence[int]) -> dict[int, str]:
         """Each message's thread root's Message-ID, from the server's REFS threading (empty
-        where the server has none: each message then names its thread from its headers)."""
+        where the server has none: each message then names its thread from its headers).
+        The server threads the whole folder; its answer serves every page read while the
+        folder is unchanged (the same UIDVALIDITY, UIDNEXT and HIGHESTMODSEQ)."""
         if f"THREAD={THREADING}" not in self._session.capabilities or not uids:
             return {}
-        wanted = set(uids)
-        root_of: dict[int, int] = {}
-        for thread in await self._session.uid_thread(THREADING):
-            for uid in thread:
-                if uid in wanted:
-                    root_of[uid] = thread[0]
-        ids = await self._message_ids(sorted(set(root_of.values())))
-        return {uid: ids[root] for uid, root in root_of.items() if root in ids}
+        version = (status.uidvalidity, status.uidnext, status.highestmodseq)
+        if self._threading is None or self._threading[0] != version or None in version[1:2]:
+            root_of = {
+                uid: thread[0]
+                for thread in await self._session.uid_thread(THREADING)
+                for uid in thread
+            }
+            self._threading = (version, root_of)
+        root_of = self._threading[1]
+        wanted = {uid: root_of[uid] for uid in uids if uid in root_of}
+        ids = await self._message_ids(sorted(set(wanted.values())))
+        return {uid: ids[root] for uid, root in wanted.items() if root in ids}
 
     async def _message_ids(self, uids: Sequence[int]) -> dict[int, str]:
         fetched = await self._session.uid_fetch(uids, "(UID BODY.PEEK[HEADER.FIELDS (MESSAGE-ID)])")
