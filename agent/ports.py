@@ -221,6 +221,13 @@ class ThreadAliases(Protocol):
         record wins."""
         ...
 
+    def resolve_threads(
+        self, provider: str, mailbox_id: str, links: Sequence[ThreadLink]
+    ) -> list[str]:
+        """``resolve_thread`` of each link, in order, in one transaction (a page of a
+        mailbox's changes): each link sees what the ones before it recorded."""
+        ...
+
 
 class Claims(Protocol):
     """Claims and execution records: one holder per occurrence, and what its claim wrote

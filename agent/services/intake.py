@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import re
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Protocol
@@ -404,8 +404,8 @@ class _Reader:
     ) -> None:
         cands = candidates(self.store, binding.provider, binding.mailbox_id)
         found: list[Planned] = []
-        for scanned in page.items:
-            plan = _plan(_threaded(self.store, scanned, caps), binding, cands, self.workspace_id)
+        for scanned in _threaded(self.store, page.items, caps):
+            plan = _plan(scanned, binding, cands, self.workspace_id)
             if plan is not None and plan.ref not in self.seen:
                 self.seen.add(plan.ref)
                 found.append(plan)
@@ -414,27 +414,43 @@ class _Reader:
         self.planned.extend(found)
 
 
-def _threaded(store: ThreadAliases, scanned: ScannedMessage, caps: Capabilities) -> ScannedMessage:
-    """The item with its thread named as every channel of its mail system names it: the
-    channel's own thread id where the mail system shows it everywhere, else the alias the
-    store keeps for the thread (reached from its Message-IDs; a Message-ID that messages
-    which differ carry is nobody's parent)."""
+def _threaded(
+    store: ThreadAliases, items: Sequence[ScannedMessage], caps: Capabilities
+) -> list[ScannedMessage]:
+    """The page's items with their threads named as every channel of its mail system names
+    them: the channel's own thread id where the mail system shows it everywhere, else the
+    alias the store keeps for the thread (reached from its Message-IDs; a Message-ID that
+    messages which differ carry is nobody's parent), resolved for the page at once."""
+    if caps.native_threads:
+        return list(items)
+    links = {i: link for i, item in enumerate(items) if (link := _link(item)) is not None}
+    if not links:
+        return list(items)
+    first = items[next(iter(links))].envelope
+    assert first is not None
+    aliases = store.resolve_threads(first.provider, first.mailbox_id, list(links.values()))
+    named = dict(zip(links, aliases, strict=True))
+    return [_named(item, named[i]) if i in named else item for i, item in enumerate(items)]
+
+
+def _link(scanned: ScannedMessage) -> ThreadLink | None:
     envelope = scanned.envelope
-    if caps.native_threads or envelope is None or envelope.internet_message_id is None:
-        return scanned
+    if envelope is None or envelope.internet_message_id is None:
+        return None
     mid = envelope.internet_message_id
     identity = identity_digest(envelope)
-    related = tuple(m for m in (envelope.in_reply_to, *envelope.references) if m is not None)
-    proposed = proposed_thread(envelope)
-    link = ThreadLink(
+    return ThreadLink(
         message_id=mid,
         identity=identity,
-        related=related,
-        proposed=proposed,
+        related=tuple(m for m in (envelope.in_reply_to, *envelope.references) if m is not None),
+        proposed=proposed_thread(envelope),
         if_reused=thread_alias(f"{mid}#{identity}"),
     )
-    alias = store.resolve_thread(envelope.provider, envelope.mailbox_id, link)
-    threaded = envelope.model_copy(update={"provider_thread_id": alias})
+
+
+def _named(scanned: ScannedMessage, alias: str) -> ScannedMessage:
+    assert scanned.envelope is not None
+    threaded = scanned.envelope.model_copy(update={"provider_thread_id": alias})
     return scanned.model_copy(update={"envelope": threaded})
 
 

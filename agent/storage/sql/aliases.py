@@ -34,29 +34,38 @@ class Known(NamedTuple):
 
 class AliasRows(SqlBase):
     def resolve_thread(self, provider: str, mailbox_id: str, link: ThreadLink) -> str:
+        # Running it again after an unknown commit finds every id recorded, and the same alias.
+        return self._write(lambda conn: self._resolve(conn, provider, mailbox_id, link), None)
+
+    def resolve_threads(
+        self, provider: str, mailbox_id: str, links: Sequence[ThreadLink]
+    ) -> list[str]:
+        """Each link in order, in one transaction: a later link sees what an earlier one
+        recorded, as if resolved one after the other."""
+        if not links:
+            return []
+        return self._write(
+            lambda conn: [self._resolve(conn, provider, mailbox_id, link) for link in links],
+            None,
+        )
+
+    def _resolve(self, conn: Tx, provider: str, mailbox_id: str, link: ThreadLink) -> str:
         linked = [r for r in dict.fromkeys(link.related) if r != link.message_id]
         ids = [link.message_id, *linked]
-
-        def body(conn: Tx) -> str:
-            known = self._known(conn, provider, mailbox_id, ids)
-            alias = _decide(known, link, linked)
-            missing = sorted(i for i in ids if i not in known)
-            mine = self._record(conn, provider, mailbox_id, missing, alias, link)
-            if len(mine) < len(missing):
-                # A concurrent caller recorded some of these ids first: its aliases count as
-                # recorded before ours, and ours (still uncommitted) follow the decision.
-                known |= self._known(
-                    conn, provider, mailbox_id, [i for i in missing if i not in mine]
-                )
-                final = _decide(known, link, linked)
-                if final != alias:
-                    self._repoint(conn, provider, mailbox_id, sorted(mine), final)
-                alias = final
-            self._mark_own(conn, provider, mailbox_id, link, known.get(link.message_id))
-            return alias
-
-        # Running it again after an unknown commit finds every id recorded, and the same alias.
-        return self._write(body, None)
+        known = self._known(conn, provider, mailbox_id, ids)
+        alias = _decide(known, link, linked)
+        missing = sorted(i for i in ids if i not in known)
+        mine = self._record(conn, provider, mailbox_id, missing, alias, link)
+        if len(mine) < len(missing):
+            # A concurrent caller recorded some of these ids first: its aliases count as
+            # recorded before ours, and ours (still uncommitted) follow the decision.
+            known |= self._known(conn, provider, mailbox_id, [i for i in missing if i not in mine])
+            final = _decide(known, link, linked)
+            if final != alias:
+                self._repoint(conn, provider, mailbox_id, sorted(mine), final)
+            alias = final
+        self._mark_own(conn, provider, mailbox_id, link, known.get(link.message_id))
+        return alias
 
     @staticmethod
     def _known(conn: Tx, provider: str, mailbox_id: str, ids: Sequence[str]) -> dict[str, Known]:

@@ -140,6 +140,25 @@ class ThreadAliasesContract(StoreContract):
             "alias-late/reused"
         )
 
+    def test_a_page_resolved_at_once_names_each_thread_as_one_by_one_would(
+        self, store: EmbeddedStore
+    ) -> None:
+        """Resolving a page's links in one call equals resolving them in order: a later link
+        sees what an earlier one recorded (a reply after its parent, a reused id)."""
+        page = [
+            link("<reply@contoso.test>", (ROOT,), "alias-thread"),
+            link(ROOT, (), "alias-late"),
+            link("<second@contoso.test>", ("<reply@contoso.test>", ROOT), "alias-second"),
+            link(ROOT, (), "alias-late", identity="another message"),
+            link("<lone@contoso.test>", (), "alias-lone"),
+        ]
+        at_once = store.resolve_threads("imap", MAILBOX, page)
+        elsewhere = "other@fabrikam.test"  # aliases are per mailbox: a clean slate
+        one_by_one = [store.resolve_thread("imap", elsewhere, item) for item in page]
+        assert at_once == one_by_one
+        assert at_once[:3] == ["alias-thread"] * 3 and at_once[3] == "alias-late/reused"
+        assert store.resolve_threads("imap", MAILBOX, []) == []
+
     def test_aliases_are_kept_per_provider_and_mailbox_and_any_id_is_keyed_exactly(
         self, store: EmbeddedStore
     ) -> None:
