@@ -313,19 +313,9 @@ class ImapSmtpProvider:
 
     # -- sending -------------------------------------------------------------------------
 
-    def _marker(self, message: OutgoingMessage) -> Marker:
-        kind = self._markers[0]
-        if kind is MarkerKind.MESSAGE_ID:
-            return Marker(kind=kind, value=message.internet_message_id)
-        return Marker(kind=kind, value=mime.send_token(message.internet_message_id))
-
     async def prepare(self, message: OutgoingMessage) -> Handover:
-        marker = self._marker(message)
-        token = marker.value if marker.kind is MarkerKind.HEADER else None
-        try:
-            raw = mime.build(message, self._now(), token)
-        except ValueError as exc:
-            raise ProviderError(f"the message cannot be written as MIME: {exc}") from exc
+        marker = mime.marker_for(message, self._markers[0])
+        raw = mime.build_marked(message, marker, self._now())
         recipients = tuple(a.address for a in (*message.to, *message.cc))
         return Handover(
             message=message,
@@ -418,12 +408,7 @@ class ImapSmtpProvider:
         except NotFound:
             return None
         parsed = rfc822.parse(raw)
-        if marker.kind is MarkerKind.MESSAGE_ID:
-            ids = rfc822.header_ids(parsed, "Message-ID")
-            found = bool(ids) and ids[0] == marker.value
-        else:
-            found = marker.value in parsed.raw_values(mime.MARKER_HEADER)
-        if not found:
+        if not mime.carries(parsed, marker):
             return None
         return rfc822.stored_copy(
             raw,

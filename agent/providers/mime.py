@@ -30,7 +30,9 @@ from datetime import datetime
 from email.message import EmailMessage
 
 from agent.domain.envelope import Address, header_text
-from agent.domain.mail import AttachmentData, OutgoingMessage
+from agent.domain.errors import ProviderError
+from agent.domain.mail import AttachmentData, Marker, MarkerKind, OutgoingMessage
+from agent.providers import rfc822
 
 CRLF = "\r\n"
 _SAFE_TEXT = re.compile(r"[\x20-\x7e]*")
@@ -155,3 +157,30 @@ def build(message: OutgoingMessage, at: datetime, token: str | None = None) -> b
     if not message.to:
         raise UnsendableHeader("a message needs at least one To recipient")
     return header_block(message, at, token).encode("ascii") + _content(message)
+
+
+def marker_for(message: OutgoingMessage, kind: MarkerKind) -> Marker:
+    """The marker of ``kind`` our copy of ``message`` carries: its Message-ID, or the send
+    token in our marker header."""
+    if kind is MarkerKind.MESSAGE_ID:
+        return Marker(kind=kind, value=message.internet_message_id)
+    return Marker(kind=kind, value=send_token(message.internet_message_id))
+
+
+def build_marked(message: OutgoingMessage, marker: Marker, at: datetime) -> bytes:
+    """``message`` as MIME carrying ``marker`` (a header marker is written as our header),
+    or ``ProviderError`` saying why it cannot be written."""
+    token = marker.value if marker.kind is MarkerKind.HEADER else None
+    try:
+        return build(message, at, token)
+    except ValueError as exc:
+        raise ProviderError(f"the message cannot be written as MIME: {exc}") from exc
+
+
+def carries(parsed: rfc822.Parsed, marker: Marker) -> bool:
+    """Whether a stored message carries exactly ``marker`` (a server's search matches
+    substrings; this decides)."""
+    if marker.kind is MarkerKind.MESSAGE_ID:
+        ids = rfc822.header_ids(parsed, "Message-ID")
+        return bool(ids) and ids[0] == marker.value
+    return marker.value in parsed.raw_values(MARKER_HEADER)
