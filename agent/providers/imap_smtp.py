@@ -29,6 +29,7 @@ was sent.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import ssl
 from collections.abc import Callable, Coroutine, Sequence
@@ -534,7 +535,7 @@ class _Submission:
                 ) from None
             return refused
         finally:
-            client.close()
+            await _goodbye(client)
 
     async def _open(self, client: aiosmtplib.SMTP) -> None:
         try:
@@ -579,6 +580,15 @@ class _Submission:
                 f"recipient ({reasons}); nothing was sent"
             )
         return tuple(refused)
+
+
+async def _goodbye(client: aiosmtplib.SMTP) -> None:
+    """QUIT where the session is still up (a server logs a session dropped without one as
+    lost), then close."""
+    if client.is_connected:
+        with contextlib.suppress(aiosmtplib.SMTPException, OSError, TimeoutError):
+            await client.quit(timeout=5)
+    client.close()
 
 
 def _tls_error(exc: BaseException) -> ssl.SSLError | None:
