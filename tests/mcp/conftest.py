@@ -22,6 +22,7 @@ from mcp.types import CallToolResult
 
 from agent.domain.context import MailboxBinding
 from agent.domain.mail import Capabilities, Handover, Marker, SendResult, StoredCopy
+from agent.domain.task import Task
 from agent.ports import MailProvider
 from agent.providers.maildir import SENT_FOLDER, MaildirProvider
 from agent.services import workspaces
@@ -43,6 +44,26 @@ STRANGER = "mallory@evil.test"
 
 REFUSAL_KINDS = {"gate", "policy", "task_state", "already_sent", "handover"}
 """Every kind of refusal the server gives (``data["refused"]``)."""
+
+READ_BACK_CHECKS = {
+    "delivered",
+    "recipients.to",
+    "recipients.cc",
+    "recipients.bcc",
+    "recipients.reply_to",
+    "recipients.other",
+    "sender",
+    "subject",
+    "thread",
+    "message_id",
+    "wrapper.direction",
+    "wrapper.lang",
+    "wrapper.alignment",
+    "blocks",
+    "fragments",
+    "body_text",
+}
+"""Every check read_back runs on a stored copy with an HTML part."""
 
 COLLEAGUE_LINE = (
     "  - {address: eli.tal@fabrikam.test, name: Eli Tal, side: internal, roles: [analyst],"
@@ -72,6 +93,22 @@ class SubmittingMaildir(MaildirProvider):
     async def find_sent(self, marker: Marker) -> StoredCopy | None:
         copy = await super().find_sent(marker)
         return copy.model_copy(update={"delivered": True}) if copy is not None else None
+
+
+async def inbox_thread_id(provider: MailProvider, internet_message_id: str) -> str:
+    """The provider's own thread id for a message in its inbox (read from the start)."""
+    cursor: str | None = None
+    while True:
+        page = await provider.changes(cursor)
+        for scanned in page.items:
+            envelope = scanned.envelope
+            if envelope is not None and envelope.internet_message_id == internet_message_id:
+                return envelope.provider_thread_id
+        if not page.more:
+            raise AssertionError(
+                f"{internet_message_id} is not in {type(provider).__name__}'s inbox"
+            )
+        cursor = page.cursor
 
 
 def submitting(workspace_id: str, binding: MailboxBinding) -> MailProvider:
@@ -122,7 +159,8 @@ class OperatorStation:
         headers: dict[str, str] | None = None,
         sender_name: str = "",
     ) -> str:
-        """Drop one message into the Maildir inbox; returns its Message-ID."""
+        """Deliver one message from ``sender`` to the mailbox (``deliver_raw``); returns its
+        Message-ID."""
         msg = EmailMessage(policy=SMTP)
         msg["From"] = f"{sender_name} <{sender}>" if sender_name else sender
         msg["To"] = MAILBOX
@@ -138,11 +176,14 @@ class OperatorStation:
         msg.set_content(body)
         if html is not None:
             msg.add_alternative(html, subtype="html")
-        mailbox.Maildir(str(self.maildir), create=True).add(msg.as_bytes())
+        self.deliver_raw(msg.as_bytes(), mail_from=sender)
         return mid
 
-    def deliver_raw(self, raw: bytes) -> None:
-        """Drop one message into the Maildir inbox exactly as these bytes (crafted mail)."""
+    def deliver_raw(self, raw: bytes, *, mail_from: str = "") -> None:
+        """Drop one message into the Maildir inbox exactly as these bytes (crafted mail).
+        ``mail_from``, the envelope sender, is for a mail server's delivery: a Maildir keeps
+        none."""
+        del mail_from
         mailbox.Maildir(str(self.maildir), create=True).add(raw)
 
     delivering: bool = True
@@ -198,6 +239,13 @@ async def refused(client: Client, tool: str, **arguments: Any) -> MCPError:
     assert isinstance(error.data, dict)
     assert error.data["refused"] in REFUSAL_KINDS, error.data
     return error
+
+
+def by_name(read_back: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """read_back's checks by name (each reported once)."""
+    checks = {c["name"]: c for c in read_back["checks"]}
+    assert len(checks) == len(read_back["checks"]), "a check is reported twice"
+    return checks
 
 
 # -- the lifecycle, as a host drives it ------------------------------------------------------
@@ -302,6 +350,167 @@ async def draft_ready(
     await to_draft_ready(client, task_id)
     draft = await call(client, "render", task_id=task_id, body_markdown=body, language="en")
     return task_id, draft["draft_id"], intake.scanned
+
+
+# -- steps of the acceptance scenarios, whichever mailbox the station binds -------------------
+
+
+class NewRequest(NamedTuple):
+    """The one item an intake found for a new request, its claim, and the queued task."""
+
+    item: dict[str, Any]
+    claim: dict[str, Any]
+    task: dict[str, Any]
+
+
+async def claim_the_new_request(client: Client, station: OperatorStation) -> NewRequest:
+    """Scenario 1: an intake of the mailbox finds one item, from the client, for the station's
+    workspace, with nothing to escalate; its claim queues it and creates a task, and claiming
+    it again gives the same answer; the queue holds that task alone (resolved, one message);
+    the run is reconciled clean, the item not yet terminal."""
+    scanned = await call(client, "intake", mailbox_id=MAILBOX)
+    assert len(scanned["run_ids"]) == 1 and scanned["access_errors"] == []
+    [item] = scanned["items"]
+    assert item["workspace_id"] == station.workspace_id
+    assert item["escalation_reason"] == ""
+    assert item["untrusted"]["sender"] == CLIENT
+
+    claim = await call(client, "claim", run_id=item["run_id"], item_ref=item["item_ref"])
+    assert claim["outcome"] == "CLAIMED" and claim["task_created"] is True
+    assert claim["disposition"] == "QUEUED"
+    # Claiming the same item again gives the first answer; nothing new is created.
+    again = await call(client, "claim", run_id=item["run_id"], item_ref=item["item_ref"])
+    assert again == claim
+
+    [task] = (await call(client, "list_queue", workspace_id=station.workspace_id))["tasks"]
+    assert task["task_id"] == claim["task_id"]
+    assert task["state"] == "TASK_RESOLVED" and task["message_count"] == 1
+
+    [reconciliation] = await reconcile_all(client, scanned)
+    assert reconciliation["clean"] and reconciliation["scanned"] == 1
+    assert reconciliation["non_terminal"] == 1 and reconciliation["claim_race"] == 0
+    return NewRequest(item, claim, task)
+
+
+def assert_one_task_of(store: SqliteStore, workspace_id: str, message_id: str) -> None:
+    """The store holds one execution, done, and one task of the workspace, whose one message
+    is ``message_id``."""
+    counts = store.counts()
+    assert counts["executions"] == 1 and counts["executions_done"] == 1
+    assert counts["tasks"] == 1 and counts["task_messages"] == 1
+    [stored] = store.list_tasks(workspace_id)
+    assert [m.internet_message_id for m in stored.messages] == [message_id]
+
+
+class Completed(NamedTuple):
+    """A task reported completed, and the store's counts and tasks once it was."""
+
+    task_id: str
+    counts: dict[str, int]
+    tasks: list[Task]
+
+
+async def complete_the_request_and_its_follow_up(station: OperatorStation) -> Completed:
+    """Scenario 3, before the replay: the mailbox's two messages (a request, then its
+    follow-up) are claimed into one task, worked and reported completed, the run reconciled
+    clean; then the store is read."""
+    async with station.client() as client:
+        scanned, claims = await intake_and_claim(client)
+        assert [c["outcome"] for c in claims] == ["CLAIMED", "CLAIMED"]
+        assert [c["task_created"] for c in claims] == [True, False]  # the follow-up joins
+        task_id = claims[0]["task_id"]
+        assert claims[1]["task_id"] == task_id
+        await call(client, "transition_task", task_id=task_id, state="EXECUTING", evidence="work")
+        await call(client, "transition_task", task_id=task_id, state="VERIFYING", evidence="check")
+        done = await call(
+            client, "report", task_id=task_id, outcome="completed", evidence="answered by phone"
+        )
+        assert done["state"] == "COMPLETED"
+        [reconciliation] = await reconcile_all(client, scanned)
+        assert reconciliation["clean"] and reconciliation["scanned"] == 2
+
+    store = station.store()
+    try:
+        return Completed(task_id, store.counts(), store.list_tasks(station.workspace_id))
+    finally:
+        store.close()
+
+
+class Replayed(NamedTuple):
+    """The replay's claims, and the store's counts after it."""
+
+    claims: list[dict[str, Any]]
+    counts: dict[str, int]
+
+
+async def replay_after_completion(station: OperatorStation, completed: Completed) -> Replayed:
+    """Scenario 3's replay, in a fresh server (a restart) over the same mailbox: a plain
+    intake finds nothing (the cursor in the store says nothing arrived); a replay from the
+    mailbox's start claims both items as already done, creating nothing, and is reconciled
+    clean; the task stays completed and the queue empty. Only the two runs and the replay's
+    ledger rows are new in the store."""
+    async with station.client() as client:
+        nothing_new, none = await intake_and_claim(client)
+        assert nothing_new["items"] == [] and none == []
+        [empty] = await reconcile_all(client, nothing_new)
+        assert empty["clean"] and empty["scanned"] == 0
+        replay, replayed = await intake_and_claim(client, from_start=True)
+        assert len(replayed) == 2
+        for claim in replayed:
+            assert claim["outcome"] == claim["disposition"] == "EXECUTION_ALREADY_DONE"
+            assert claim["task_id"] is None and claim["task_created"] is False
+        [reconciliation] = await reconcile_all(client, replay)
+        assert reconciliation["clean"] and reconciliation["reconciliation_failed"] == 0
+        assert reconciliation["scanned"] == reconciliation["claim_race"] == 2
+        assert reconciliation["terminal"] == reconciliation["non_terminal"] == 0
+        task = await call(client, "get_task", task_id=completed.task_id)
+        assert task["state"] == "COMPLETED" and task["message_count"] == 2
+        assert (await call(client, "list_queue", workspace_id=station.workspace_id))["tasks"] == []
+
+    store = station.store()
+    try:
+        counts = store.counts()
+        assert counts["runs"] == completed.counts["runs"] + 2  # the empty intake and the replay
+        assert counts["run_items"] == completed.counts["run_items"] + 2
+        for name in ("executions", "executions_done", "tasks", "task_messages", "sends"):
+            assert counts[name] == completed.counts[name], name
+        assert store.list_tasks(station.workspace_id) == completed.tasks
+    finally:
+        store.close()
+    return Replayed(replayed, counts)
+
+
+async def approved_by_reply(
+    station: OperatorStation, client: Client, request: dict[str, Any]
+) -> dict[str, Any]:
+    """``approve_by_reply`` of one approval request: the task is APPROVED_TO_SEND on the
+    approver's decision, whose evidence is the reply; the decision."""
+    replies = await approve_by_reply(station, client, [request])
+    task_id = request["task_id"]
+    task = await call(client, "get_task", task_id=task_id)
+    assert task["state"] == "APPROVED_TO_SEND"
+    [decision] = task["approval_decisions"]
+    assert decision["decision"] == "approved" and decision["approver"] == APPROVER
+    assert decision["evidence_message_id"] == replies[task_id]
+    return decision
+
+
+async def read_back_the_client_reply(client: Client, task_id: str, sent: dict[str, Any]) -> None:
+    """read_back of a sent client reply: every check passes on the stored copy the send named,
+    and the task records the reply as sent, the read-back as its evidence."""
+    read_back = await call(client, "read_back", send_id=sent["send_id"])
+    checks = by_name(read_back)
+    assert read_back["ok"] is True, read_back
+    assert set(checks) == READ_BACK_CHECKS
+    assert all(c["ok"] for c in checks.values()), checks
+    assert read_back["stored_provider_message_id"] == sent["provider_message_id"]
+
+    task = await call(client, "get_task", task_id=task_id)
+    assert task["state"] == "CLIENT_REPLY_SENT"
+    assert task["sent_message_id"] == sent["internet_message_id"]
+    assert task["readback_evidence"] == (
+        f"read back {sent['internet_message_id']}: all checks passed"
+    )
 
 
 # -- the Maildir outbox ------------------------------------------------------------------------

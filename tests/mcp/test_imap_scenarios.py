@@ -37,6 +37,7 @@ from datetime import UTC, datetime
 from email.message import EmailMessage
 from email.policy import SMTP
 from email.utils import format_datetime, getaddresses, make_msgid
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -62,22 +63,29 @@ from tests.mcp.conftest import (
     COLLEAGUE,
     COLLEAGUE_LINE,
     MAILBOX,
+    READ_BACK_CHECKS,
     OperatorStation,
     approve_by_reply,
+    approved_by_reply,
+    assert_one_task_of,
+    by_name,
     call,
+    claim_the_new_request,
+    complete_the_request_and_its_follow_up,
+    inbox_thread_id,
     intake_and_claim,
+    read_back_the_client_reply,
     reconcile_all,
+    replay_after_completion,
     to_draft_ready,
 )
 from tests.mcp.test_scenarios import (
-    ENGLISH_BODY,
     HEBREW_BODY,
-    HEBREW_FRAGMENTS,
-    READ_BACK_CHECKS,
-    by_name,
-    ltr_isolated,
+    HEBREW_SUBJECT,
+    assert_english_reply,
+    assert_hebrew_reply,
+    drafted_in_hebrew_and_english,
     part,
-    wrapper_of,
 )
 
 pytestmark = pytest.mark.anyio
@@ -87,8 +95,9 @@ PEOPLE = (CLIENT, APPROVER, COLLEAGUE)
 """The people the workspace writes to: Dovecot users, so what it sends lands somewhere."""
 FOLDERS = {"INBOX", "Sent", "Drafts", "Trash"}
 """The folders every Dovecot user has; Outloop creates none."""
-HEBREW_SUBJECT = "בקשת הצעת מחיר"
 HEBREW_REQUEST = "שלום, אפשר לקבל הצעת מחיר לרישיונות של הרבעון הרביעי?"
+CLIENT_NAME = "דנה לוי"
+"""The client's name as she writes it (in Hebrew)."""
 _stations = itertools.count(1)
 
 
@@ -223,41 +232,17 @@ class DovecotStation(OperatorStation):
         assert done.exit_code == 0, done.stderr
         assert done.stdout == f"stored {self.workspace_id}/{MAILBOX}/password\n"
 
-    def deliver(
-        self,
-        *,
-        sender: str,
-        subject: str = "Quote request",
-        body: str = "Could you send me a quote for the Q4 licences?",
-        in_reply_to: str | None = None,
-        html: str | None = None,
-        headers: dict[str, str] | None = None,
-        sender_name: str = "",
-    ) -> str:
-        """The message ``OperatorStation.deliver`` writes, delivered to the workspace's
-        mailbox through Dovecot's LMTP; returns its Message-ID."""
-        msg = EmailMessage(policy=SMTP)
-        msg["From"] = f"{sender_name} <{sender}>" if sender_name else sender
-        msg["To"] = MAILBOX
-        msg["Subject"] = subject
-        msg["Date"] = format_datetime(self.clock.now())
-        mid = make_msgid(domain=sender.rsplit("@", 1)[-1])
-        msg["Message-ID"] = mid
-        if in_reply_to:
-            msg["In-Reply-To"] = in_reply_to
-            msg["References"] = in_reply_to
-        for name, value in (headers or {}).items():
-            msg[name] = value
-        msg.set_content(body)
-        if html is not None:
-            msg.add_alternative(html, subtype="html")
-        self.deliver_raw(msg.as_bytes(), mail_from=sender)
-        return mid
-
     def deliver_raw(self, raw: bytes, *, mail_from: str = "") -> None:
-        """Deliver these bytes to the workspace's mailbox through LMTP."""
+        """Deliver these bytes to the workspace's mailbox through LMTP, from ``mail_from``
+        (``OperatorStation.deliver`` delivers what it writes here, from its sender)."""
         self.dovecot.deliver(self.user, raw, mail_from=mail_from)
         self.inbox = self.folder_state("INBOX")
+
+    def deliver_hebrew_request(self, sender_name: str = "") -> str:
+        """The client's request for a quote, in Hebrew, delivered; its Message-ID."""
+        return self.deliver(
+            sender=CLIENT, sender_name=sender_name, subject=HEBREW_SUBJECT, body=HEBREW_REQUEST
+        )
 
     def append_raw(self, raw: bytes) -> None:
         """Put these exact bytes in the workspace's inbox with IMAP APPEND (LMTP would add
@@ -297,16 +282,7 @@ class DovecotStation(OperatorStation):
         """The IMAP adapter's thread id for an inbox message (read on a channel of its own)."""
         provider = ImapSmtpProvider(self.mail_server(), MAILBOX, Secret(self.password))
         try:
-            cursor: str | None = None
-            while True:
-                page = await provider.changes(cursor)
-                for scanned in page.items:
-                    envelope = scanned.envelope
-                    if envelope is not None and envelope.internet_message_id == internet_message_id:
-                        return envelope.provider_thread_id
-                if not page.more:
-                    raise AssertionError(f"{internet_message_id} is not in the inbox")
-                cursor = page.cursor
+            return await inbox_thread_id(provider, internet_message_id)
         finally:
             await provider.aclose()
 
@@ -446,9 +422,7 @@ async def hebrew_request_drafted(
 async def test_scenario_01_a_hebrew_request_delivered_over_lmtp_resolves_the_workspace_claims_once_and_creates_one_task(
     station: DovecotStation,
 ) -> None:
-    message_id = station.deliver(
-        sender=CLIENT, sender_name="דנה לוי", subject=HEBREW_SUBJECT, body=HEBREW_REQUEST
-    )
+    message_id = station.deliver_hebrew_request(sender_name=CLIENT_NAME)
     async with station.client() as client:
         # The composition root reached the mailbox over IMAP with the vault's password.
         access = await call(client, "access_status", workspace_id=station.workspace_id)
@@ -456,41 +430,16 @@ async def test_scenario_01_a_hebrew_request_delivered_over_lmtp_resolves_the_wor
         assert mailbox["provider"] == "imap" and mailbox["ok"] is True, mailbox
         signed_in = f"IMAP {station.dovecot.host}:{station.dovecot.imap_port} signed in"
         assert signed_in in mailbox["detail"], mailbox
-
-        scanned = await call(client, "intake", mailbox_id=MAILBOX)
-        assert len(scanned["run_ids"]) == 1 and scanned["access_errors"] == []
-        [item] = scanned["items"]
-        assert item["workspace_id"] == station.workspace_id
-        assert item["escalation_reason"] == ""
-        assert item["item_ref"].startswith(f"imap:{MAILBOX}/imap:INBOX:")
-        assert item["untrusted"]["sender"] == CLIENT
-        assert item["untrusted"]["subject"] == {"text": HEBREW_SUBJECT, "flags": []}
-
-        claim = await call(client, "claim", run_id=item["run_id"], item_ref=item["item_ref"])
-        assert claim["outcome"] == "CLAIMED" and claim["task_created"] is True
-        assert claim["disposition"] == "QUEUED"
-        assert claim["message"]["body_text"].strip() == HEBREW_REQUEST
-        assert claim["message"]["sender_name"] == {"text": "דנה לוי", "flags": []}
-        # Claiming the same item again gives the first answer; nothing new is created.
-        again = await call(client, "claim", run_id=item["run_id"], item_ref=item["item_ref"])
-        assert again == claim
-
-        [task] = (await call(client, "list_queue", workspace_id=station.workspace_id))["tasks"]
-        assert task["task_id"] == claim["task_id"]
-        assert task["state"] == "TASK_RESOLVED" and task["message_count"] == 1
-        assert task["untrusted"]["original_subject"]["text"] == HEBREW_SUBJECT
-
-        [reconciliation] = await reconcile_all(client, scanned)
-        assert reconciliation["clean"] and reconciliation["scanned"] == 1
-        assert reconciliation["non_terminal"] == 1 and reconciliation["claim_race"] == 0
+        item, claim, task = await claim_the_new_request(client, station)
+    assert item["item_ref"].startswith(f"imap:{MAILBOX}/imap:INBOX:")
+    assert item["untrusted"]["subject"] == {"text": HEBREW_SUBJECT, "flags": []}
+    assert claim["message"]["body_text"].strip() == HEBREW_REQUEST
+    assert claim["message"]["sender_name"] == {"text": CLIENT_NAME, "flags": []}
+    assert task["untrusted"]["original_subject"]["text"] == HEBREW_SUBJECT
 
     store = station.store()
     try:
-        counts = store.counts()
-        assert counts["executions"] == 1 and counts["executions_done"] == 1
-        assert counts["tasks"] == 1 and counts["task_messages"] == 1
-        [stored] = store.list_tasks(station.workspace_id)
-        assert [m.internet_message_id for m in stored.messages] == [message_id]
+        assert_one_task_of(store, station.workspace_id, message_id)
     finally:
         store.close()
 
@@ -501,69 +450,22 @@ async def test_scenario_01_a_hebrew_request_delivered_over_lmtp_resolves_the_wor
 async def test_scenario_03_a_replay_of_the_imap_inbox_after_completion_creates_nothing_and_is_fully_reconciled(
     station: DovecotStation,
 ) -> None:
-    first = station.deliver(sender=CLIENT, subject=HEBREW_SUBJECT, body=HEBREW_REQUEST)
+    first = station.deliver_hebrew_request()
     station.deliver(
         sender=CLIENT,
         subject=f"Re: {HEBREW_SUBJECT}",
         body="וגם לרבעון הראשון, בבקשה.",
         in_reply_to=first,
     )
-    async with station.client() as client:
-        scanned, claims = await intake_and_claim(client)
-        assert [c["outcome"] for c in claims] == ["CLAIMED", "CLAIMED"]
-        assert [c["task_created"] for c in claims] == [True, False]  # the follow-up joins
-        task_id = claims[0]["task_id"]
-        assert claims[1]["task_id"] == task_id
-        await call(client, "transition_task", task_id=task_id, state="EXECUTING", evidence="work")
-        await call(client, "transition_task", task_id=task_id, state="VERIFYING", evidence="check")
-        done = await call(
-            client, "report", task_id=task_id, outcome="completed", evidence="answered by phone"
-        )
-        assert done["state"] == "COMPLETED"
-        [reconciliation] = await reconcile_all(client, scanned)
-        assert reconciliation["clean"] and reconciliation["scanned"] == 2
-
-    store = station.store()
-    try:
-        counts_before = store.counts()
-        tasks_before = store.list_tasks(station.workspace_id)
-    finally:
-        store.close()
+    completed = await complete_the_request_and_its_follow_up(station)
     mailbox_before = station.dovecot.snapshot(station.user)
 
     # A fresh server (a restart) over the same IMAP inbox: the cursor in the store says
     # nothing arrived; the replay reads the inbox from its start.
-    async with station.client() as client:
-        nothing_new, none = await intake_and_claim(client)
-        assert nothing_new["items"] == [] and none == []
-        [empty] = await reconcile_all(client, nothing_new)
-        assert empty["clean"] and empty["scanned"] == 0
-        replay, replayed = await intake_and_claim(client, from_start=True)
-        assert len(replayed) == 2
-        for claim in replayed:
-            assert claim["outcome"] == claim["disposition"] == "EXECUTION_ALREADY_DONE"
-            assert claim["task_id"] is None and claim["task_created"] is False
-        [reconciliation] = await reconcile_all(client, replay)
-        assert reconciliation["clean"] and reconciliation["reconciliation_failed"] == 0
-        assert reconciliation["scanned"] == reconciliation["claim_race"] == 2
-        assert reconciliation["terminal"] == reconciliation["non_terminal"] == 0
-        task = await call(client, "get_task", task_id=task_id)
-        assert task["state"] == "COMPLETED" and task["message_count"] == 2
-        assert (await call(client, "list_queue", workspace_id=station.workspace_id))["tasks"] == []
-
+    await replay_after_completion(station, completed)
     # Scenario 13: the replay knew the items were done from the store alone - the mailbox
     # (every folder, every message's bytes and flags) is exactly as it was.
     assert station.dovecot.snapshot(station.user) == mailbox_before
-    store = station.store()
-    try:
-        counts_after = store.counts()
-        assert counts_after["runs"] == counts_before["runs"] + 2  # the empty intake and the replay
-        assert counts_after["run_items"] == counts_before["run_items"] + 2
-        for name in ("executions", "executions_done", "tasks", "task_messages", "sends"):
-            assert counts_after[name] == counts_before[name], name
-        assert store.list_tasks(station.workspace_id) == tasks_before
-    finally:
-        store.close()
     assert station.envelopes() == []
 
 
@@ -573,9 +475,7 @@ async def test_scenario_03_a_replay_of_the_imap_inbox_after_completion_creates_n
 async def test_scenario_06_an_approved_hebrew_reply_is_delivered_in_the_original_thread_and_read_back_from_imap_sent(
     station: DovecotStation,
 ) -> None:
-    client_message = station.deliver(
-        sender=CLIENT, sender_name="דנה לוי", subject=HEBREW_SUBJECT, body=HEBREW_REQUEST
-    )
+    client_message = station.deliver_hebrew_request(sender_name=CLIENT_NAME)
     async with station.client() as client:
         task_id, draft, request = await hebrew_request_drafted(station, client)
         # The approval request reached the approver (and no one else), in its own thread.
@@ -584,12 +484,7 @@ async def test_scenario_06_an_approved_hebrew_reply_is_delivered_in_the_original
         assert asked["Cc"] is None
 
         # The approver's reply comes back into the workspace's inbox; intake judges it.
-        replies = await approve_by_reply(station, client, [request])
-        task = await call(client, "get_task", task_id=task_id)
-        assert task["state"] == "APPROVED_TO_SEND"
-        [decision] = task["approval_decisions"]
-        assert decision["decision"] == "approved" and decision["approver"] == APPROVER
-        assert decision["evidence_message_id"] == replies[task_id]
+        await approved_by_reply(station, client, request)
         ready = await call(
             client, "gate_check", task_id=task_id, draft_id=draft["draft_id"], to=[CLIENT]
         )
@@ -599,20 +494,7 @@ async def test_scenario_06_an_approved_hebrew_reply_is_delivered_in_the_original
         assert sent["task_state"] == "APPROVED_TO_SEND"  # sent once the copy is read back
         assert sent["provider_thread_id"] == await station.thread_of(client_message)
         assert sent["provider_message_id"].startswith("imap:Sent:")
-
-        read_back = await call(client, "read_back", send_id=sent["send_id"])
-        checks = by_name(read_back)
-        assert read_back["ok"] is True, read_back
-        assert set(checks) == READ_BACK_CHECKS
-        assert all(c["ok"] for c in checks.values()), checks
-        assert read_back["stored_provider_message_id"] == sent["provider_message_id"]
-
-        task = await call(client, "get_task", task_id=task_id)
-        assert task["state"] == "CLIENT_REPLY_SENT"
-        assert task["sent_message_id"] == sent["internet_message_id"]
-        assert task["readback_evidence"] == (
-            f"read back {sent['internet_message_id']}: all checks passed"
-        )
+        await read_back_the_client_reply(client, task_id, sent)
         reported = await call(
             client, "report", task_id=task_id, outcome="waiting_client", evidence="quote sent"
         )
@@ -652,26 +534,16 @@ async def test_scenario_06_an_approved_hebrew_reply_is_delivered_in_the_original
 async def test_scenario_07_hebrew_rtl_and_english_ltr_survive_imap_read_back_and_delivery_with_isolated_fragments(
     station: DovecotStation,
 ) -> None:
-    hebrew_request = station.deliver(sender=CLIENT, subject=HEBREW_SUBJECT, body=HEBREW_REQUEST)
+    hebrew_request = station.deliver_hebrew_request()
     english_request = station.deliver(sender=CLIENT, body="Hi, may I have a quote?")
     async with station.client() as client:
         scanned, claims = await intake_and_claim(client)
         assert [c["task_created"] for c in claims] == [True, True]
         by_message = {c["message"]["subject"]["text"]: c["task_id"] for c in claims}
         hebrew_task, english_task = by_message[HEBREW_SUBJECT], by_message["Quote request"]
-        drafts: dict[str, dict[str, Any]] = {}
-        requests: list[dict[str, Any]] = []
-        for task_id, body, language in (
-            (hebrew_task, HEBREW_BODY, "he"),
-            (english_task, ENGLISH_BODY, "en"),
-        ):
-            await to_draft_ready(client, task_id)
-            drafts[task_id] = await call(
-                client, "render", task_id=task_id, body_markdown=body, language=language
-            )
-            requests.append(
-                await request_approval(station, client, task_id, drafts[task_id]["draft_id"])
-            )
+        drafts, requests = await drafted_in_hebrew_and_english(
+            client, hebrew_task, english_task, partial(request_approval, station, client)
+        )
         for reconciliation in await reconcile_all(client, scanned):
             assert reconciliation["clean"], reconciliation
         await approve_by_reply(station, client, requests)
@@ -687,27 +559,12 @@ async def test_scenario_07_hebrew_rtl_and_english_ltr_survive_imap_read_back_and
     sent_folder = station.messages(folder="Sent")
     for where in (inbox, sent_folder):  # what the client got, and the stored copy
         hebrew = with_id(where, sends[hebrew_task]["internet_message_id"])
-        assert hebrew["Subject"] == f"Re: {HEBREW_SUBJECT}"
+        assert_hebrew_reply(hebrew)
         assert hebrew["In-Reply-To"] == hebrew_request
-        html = part(hebrew, "html")
-        wrapper = wrapper_of(html)
-        assert (wrapper.get("dir"), wrapper.get("lang")) == ("rtl", "he")
-        assert "text-align:right" in (wrapper.get("style") or "").replace(" ", "")
-        assert set(HEBREW_FRAGMENTS) <= ltr_isolated(html)
-        assert "שלום דנה" in html and "ההצעה המעודכנת" in html
-        text = part(hebrew, "plain")
-        for fragment in HEBREW_FRAGMENTS:  # the text part isolates them with LRI ... PDI
-            assert f"\u2066{fragment}\u2069" in text, fragment
-
         english = with_id(where, sends[english_task]["internet_message_id"])
         assert english["Subject"] == "Re: Quote request"
         assert english["In-Reply-To"] == english_request
-        html = part(english, "html")
-        wrapper = wrapper_of(html)
-        assert (wrapper.get("dir"), wrapper.get("lang")) == ("ltr", "en")
-        assert "text-align:left" in (wrapper.get("style") or "").replace(" ", "")
-        assert "INV-2026-119" in html and "USD 1,250" in html
-        assert "https://contoso.test/quotes/119" in html
+        assert_english_reply(english)
 
 
 # -- scenario 14 -----------------------------------------------------------------------------
@@ -716,7 +573,7 @@ async def test_scenario_07_hebrew_rtl_and_english_ltr_survive_imap_read_back_and
 async def test_scenario_14_every_item_scanned_from_the_imap_inbox_is_reconciled_to_exactly_one_outcome(
     station: DovecotStation,
 ) -> None:
-    first = station.deliver(sender=CLIENT, subject=HEBREW_SUBJECT, body=HEBREW_REQUEST)
+    first = station.deliver_hebrew_request()
     station.deliver(sender=CLIENT, subject=f"Re: {HEBREW_SUBJECT}", body="תודה!", in_reply_to=first)
     station.deliver(
         sender="mailer@contoso.test",
@@ -793,7 +650,7 @@ async def test_the_server_reuses_one_imap_connection_per_mailbox_and_closes_it_w
         held[name] = max(held.get(name, 0), len(open_connections(port)))
         return result
 
-    station.deliver(sender=CLIENT, subject=HEBREW_SUBJECT, body=HEBREW_REQUEST)
+    station.deliver_hebrew_request()
     async with station.client() as client:
         for _ in range(3):
             await tool(client, "access_status", workspace_id=station.workspace_id)

@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Awaitable, Callable
 from contextlib import AsyncExitStack
 from email.message import EmailMessage
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -36,12 +38,21 @@ from tests.mcp.conftest import (
     CLIENT,
     COLLEAGUE,
     MAILBOX,
+    READ_BACK_CHECKS,
     OperatorStation,
     approve_by_reply,
+    approved_by_reply,
+    assert_one_task_of,
+    by_name,
     call,
+    claim_the_new_request,
+    complete_the_request_and_its_follow_up,
+    inbox_thread_id,
     intake_and_claim,
+    read_back_the_client_reply,
     reconcile_all,
     refused,
+    replay_after_completion,
     sent_messages,
     station_context,
     to_draft_ready,
@@ -53,26 +64,7 @@ pytestmark = pytest.mark.anyio
 RACERS = 4
 """Server processes racing on one occurrence (the test machine has two cores)."""
 
-READ_BACK_CHECKS = {
-    "delivered",
-    "recipients.to",
-    "recipients.cc",
-    "recipients.bcc",
-    "recipients.reply_to",
-    "recipients.other",
-    "sender",
-    "subject",
-    "thread",
-    "message_id",
-    "wrapper.direction",
-    "wrapper.lang",
-    "wrapper.alignment",
-    "blocks",
-    "fragments",
-    "body_text",
-}
-"""Every check read_back runs on a stored copy with an HTML part."""
-
+HEBREW_SUBJECT = "בקשת הצעת מחיר"
 HEBREW_BODY = (
     "שלום דנה, ההצעה המעודכנת זמינה בכתובת https://contoso.test/quotes/118 "
     "והמחיר הוא ₪1,250 לחשבונית INV-2026-118."
@@ -112,23 +104,7 @@ def part(message: EmailMessage, subtype: str) -> str:
 
 async def provider_thread_of(station: OperatorStation, internet_message_id: str) -> str:
     """The provider's own thread id for an inbox message (read from the Maildir itself)."""
-    provider = MaildirProvider(station.maildir, MAILBOX)
-    cursor: str | None = None
-    while True:
-        page = await provider.changes(cursor)
-        for scanned in page.items:
-            envelope = scanned.envelope
-            if envelope is not None and envelope.internet_message_id == internet_message_id:
-                return envelope.provider_thread_id
-        if not page.more:
-            raise AssertionError(f"{internet_message_id} is not in the Maildir inbox")
-        cursor = page.cursor
-
-
-def by_name(read_back: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    checks = {c["name"]: c for c in read_back["checks"]}
-    assert len(checks) == len(read_back["checks"]), "a check is reported twice"
-    return checks
+    return await inbox_thread_id(MaildirProvider(station.maildir, MAILBOX), internet_message_id)
 
 
 # -- scenario 1 ------------------------------------------------------------------------------
@@ -139,41 +115,16 @@ async def test_scenario_01_a_new_maildir_message_resolves_the_registered_workspa
 ) -> None:
     message_id = station.deliver(sender=CLIENT)
     async with station.client() as client:
-        scanned = await call(client, "intake", mailbox_id=MAILBOX)
-        assert len(scanned["run_ids"]) == 1 and scanned["access_errors"] == []
-        [item] = scanned["items"]
-        assert item["workspace_id"] == station.workspace_id
-        assert item["escalation_reason"] == ""
-        assert item["untrusted"]["sender"] == CLIENT
-
-        claim = await call(client, "claim", run_id=item["run_id"], item_ref=item["item_ref"])
-        assert claim["outcome"] == "CLAIMED" and claim["task_created"] is True
-        assert claim["disposition"] == "QUEUED"
-        assert claim["message"]["body_text"].startswith("Could you send me a quote")
-        # Claiming the same item again gives the first answer; nothing new is created.
-        again = await call(client, "claim", run_id=item["run_id"], item_ref=item["item_ref"])
-        assert again == claim
-
-        queue = await call(client, "list_queue", workspace_id=station.workspace_id)
-        [task] = queue["tasks"]
-        assert task["task_id"] == claim["task_id"]
-        assert task["workspace_id"] == station.workspace_id
-        assert task["state"] == "TASK_RESOLVED" and task["message_count"] == 1
-        assert task["untrusted"]["sender"] == CLIENT
-        assert task["untrusted"]["original_subject"]["text"] == "Quote request"
-
-        [reconciliation] = await reconcile_all(client, scanned)
-        assert reconciliation["clean"] and reconciliation["scanned"] == 1
-        assert reconciliation["non_terminal"] == 1 and reconciliation["claim_race"] == 0
+        _, claim, task = await claim_the_new_request(client, station)
+    assert claim["message"]["body_text"].startswith("Could you send me a quote")
+    assert task["workspace_id"] == station.workspace_id
+    assert task["untrusted"]["sender"] == CLIENT
+    assert task["untrusted"]["original_subject"]["text"] == "Quote request"
 
     store = station.store()
     try:
         assert [w.workspace_id for w in store.list_workspaces()] == [station.workspace_id]
-        counts = store.counts()
-        assert counts["executions"] == 1 and counts["executions_done"] == 1
-        assert counts["tasks"] == 1 and counts["task_messages"] == 1
-        [stored] = store.list_tasks(station.workspace_id)
-        assert [m.internet_message_id for m in stored.messages] == [message_id]
+        assert_one_task_of(store, station.workspace_id, message_id)
     finally:
         store.close()
 
@@ -326,62 +277,15 @@ async def test_scenario_03_a_replay_after_completion_creates_nothing_and_is_full
         body="Also for the Q1 licences, please.",
         in_reply_to=first,
     )
-    async with station.client() as client:
-        scanned, claims = await intake_and_claim(client)
-        assert [c["outcome"] for c in claims] == ["CLAIMED", "CLAIMED"]
-        assert [c["task_created"] for c in claims] == [True, False]  # the follow-up joins
-        task_id = claims[0]["task_id"]
-        assert claims[1]["task_id"] == task_id
-        await call(client, "transition_task", task_id=task_id, state="EXECUTING", evidence="work")
-        await call(client, "transition_task", task_id=task_id, state="VERIFYING", evidence="check")
-        done = await call(
-            client, "report", task_id=task_id, outcome="completed", evidence="answered by phone"
-        )
-        assert done["state"] == "COMPLETED"
-        [reconciliation] = await reconcile_all(client, scanned)
-        assert reconciliation["clean"] and reconciliation["scanned"] == 2
-
-    store = station.store()
-    try:
-        counts_before = store.counts()
-        tasks_before = store.list_tasks(station.workspace_id)
-    finally:
-        store.close()
+    completed = await complete_the_request_and_its_follow_up(station)
     outbox_before = sent_by_message_id(station)
 
     # The replay runs in a fresh server (a restart), over the same Maildir read again from
     # its start (a plain intake reads only what arrived since the last one: nothing).
-    async with station.client() as client:
-        nothing_new, none = await intake_and_claim(client)
-        assert nothing_new["items"] == [] and none == []
-        [empty] = await reconcile_all(client, nothing_new)
-        assert empty["clean"] and empty["scanned"] == 0
-        replay, replayed = await intake_and_claim(client, from_start=True)
-        assert len(replayed) == 2
-        for claim in replayed:
-            assert claim["outcome"] == claim["disposition"] == "EXECUTION_ALREADY_DONE"
-            assert claim["task_id"] is None and claim["task_created"] is False
-            assert claim["message"] is None
-        [reconciliation] = await reconcile_all(client, replay)
-        assert reconciliation["clean"] and reconciliation["reconciliation_failed"] == 0
-        assert reconciliation["scanned"] == reconciliation["claim_race"] == 2
-        assert reconciliation["terminal"] == reconciliation["non_terminal"] == 0
-        task = await call(client, "get_task", task_id=task_id)
-        assert task["state"] == "COMPLETED" and task["message_count"] == 2
-        assert (await call(client, "list_queue", workspace_id=station.workspace_id))["tasks"] == []
-
-    store = station.store()
-    try:
-        counts_after = store.counts()
-        # Only the replay's own run and its ledger rows are new.
-        assert counts_after["runs"] == counts_before["runs"] + 2  # the empty intake and the replay
-        assert counts_after["run_items"] == counts_before["run_items"] + 2
-        for name in ("executions", "executions_done", "tasks", "task_messages", "sends"):
-            assert counts_after[name] == counts_before[name], name
-        assert counts_after["tasks"] == 1 and counts_after["executions"] == 2
-        assert store.list_tasks(station.workspace_id) == tasks_before
-    finally:
-        store.close()
+    replayed, counts_after = await replay_after_completion(station, completed)
+    for claim in replayed:
+        assert claim["message"] is None
+    assert counts_after["tasks"] == 1 and counts_after["executions"] == 2
     assert sent_by_message_id(station).keys() == outbox_before.keys()
 
 
@@ -526,15 +430,13 @@ async def test_scenario_05_internal_work_proceeds_while_the_client_send_waits_fo
         assert client_copies == []  # nothing reached the client's address yet
 
         # The approver replies; intake takes the reply in and the server judges it.
-        replies = await approve_by_reply(station, client, [approval])
-        task = await call(client, "get_task", task_id=task_id)
-        assert task["state"] == "APPROVED_TO_SEND"
-        [decision] = task["approval_decisions"]
-        assert decision["decision"] == "approved" and decision["approver"] == APPROVER
+        decision = await approved_by_reply(station, client, approval)
         assert decision["draft_id"] == reply["draft_id"]
-        assert decision["evidence_message_id"] == replies[task_id]
         verdict = await call(
-            client, "record_approval", task_id=task_id, reply_message_id=replies[task_id]
+            client,
+            "record_approval",
+            task_id=task_id,
+            reply_message_id=decision["evidence_message_id"],
         )
         assert verdict["task_state"] == "APPROVED_TO_SEND" and APPROVER in verdict["finding"]
 
@@ -569,20 +471,7 @@ async def test_scenario_06_an_approved_client_reply_stays_in_the_original_thread
         assert sent["channel"] == "test-submission" and sent["delivered"] is True
         assert sent["task_state"] == "APPROVED_TO_SEND"  # sent once the copy is read back
         assert sent["provider_thread_id"] == await provider_thread_of(station, client_message)
-
-        read_back = await call(client, "read_back", send_id=sent["send_id"])
-        checks = by_name(read_back)
-        assert read_back["ok"] is True, read_back
-        assert set(checks) == READ_BACK_CHECKS
-        assert all(c["ok"] for c in checks.values()), checks
-        assert read_back["stored_provider_message_id"] == sent["provider_message_id"]
-
-        task = await call(client, "get_task", task_id=task_id)
-        assert task["state"] == "CLIENT_REPLY_SENT"
-        assert task["sent_message_id"] == sent["internet_message_id"]
-        assert task["readback_evidence"] == (
-            f"read back {sent['internet_message_id']}: all checks passed"
-        )
+        await read_back_the_client_reply(client, task_id, sent)
 
     # The stored copy itself answers the client's message, in its thread.
     copies = sent_by_message_id(station)
@@ -614,10 +503,63 @@ def wrapper_of(html: str) -> dict[str, str | None]:
     return dict(wrapper.attributes)
 
 
+async def drafted_in_hebrew_and_english(
+    client: Client,
+    hebrew_task: str,
+    english_task: str,
+    request_approval: Callable[..., Awaitable[dict[str, Any]]],
+) -> tuple[dict[str, dict[str, Any]], list[dict[str, Any]]]:
+    """Each task worked to DRAFT_READY and drafted (the Hebrew one from HEBREW_BODY in
+    Hebrew, the English one from ENGLISH_BODY in English), its draft then put to the approver
+    by ``request_approval(task_id=..., draft_id=...)``; the drafts by task, and the approval
+    requests."""
+    drafts: dict[str, dict[str, Any]] = {}
+    requests: list[dict[str, Any]] = []
+    for task_id, body, language in (
+        (hebrew_task, HEBREW_BODY, "he"),
+        (english_task, ENGLISH_BODY, "en"),
+    ):
+        await to_draft_ready(client, task_id)
+        drafts[task_id] = await call(
+            client, "render", task_id=task_id, body_markdown=body, language=language
+        )
+        requests.append(
+            await request_approval(task_id=task_id, draft_id=drafts[task_id]["draft_id"])
+        )
+    return drafts, requests
+
+
+def assert_hebrew_reply(message: EmailMessage) -> None:
+    """The reply drafted from HEBREW_BODY to the Hebrew request, as sent: right-to-left and
+    Hebrew, every LTR fragment isolated (in the HTML part by dir="ltr", in the text part by
+    LRI ... PDI)."""
+    assert message["Subject"] == f"Re: {HEBREW_SUBJECT}"
+    html = part(message, "html")
+    wrapper = wrapper_of(html)
+    assert (wrapper.get("dir"), wrapper.get("lang")) == ("rtl", "he")
+    assert "text-align:right" in (wrapper.get("style") or "").replace(" ", "")
+    assert set(HEBREW_FRAGMENTS) <= ltr_isolated(html)
+    assert "שלום דנה" in html and "ההצעה המעודכנת" in html
+    text = part(message, "plain")
+    for fragment in HEBREW_FRAGMENTS:  # the text part isolates them with LRI ... PDI
+        assert f"\u2066{fragment}\u2069" in text, fragment
+
+
+def assert_english_reply(message: EmailMessage) -> None:
+    """The reply drafted from ENGLISH_BODY, as sent: left-to-right and English, its text
+    intact."""
+    html = part(message, "html")
+    wrapper = wrapper_of(html)
+    assert (wrapper.get("dir"), wrapper.get("lang")) == ("ltr", "en")
+    assert "text-align:left" in (wrapper.get("style") or "").replace(" ", "")
+    assert "INV-2026-119" in html and "USD 1,250" in html
+    assert "https://contoso.test/quotes/119" in html
+
+
 async def test_scenario_07_hebrew_rtl_and_english_ltr_survive_stored_copy_read_back_with_isolated_urls_prices_and_ids(
     station: OperatorStation,
 ) -> None:
-    station.deliver(sender=CLIENT, subject="בקשת הצעת מחיר", body="שלום, אפשר הצעת מחיר?")
+    station.deliver(sender=CLIENT, subject=HEBREW_SUBJECT, body="שלום, אפשר הצעת מחיר?")
     station.clock.advance(minutes=1)
     station.deliver(sender=CLIENT, subject="Quote request", body="Hi, may I have a quote?")
     async with station.client() as client:
@@ -626,24 +568,13 @@ async def test_scenario_07_hebrew_rtl_and_english_ltr_survive_stored_copy_read_b
         assert [c["task_created"] for c in claims] == [True, True]
         hebrew_task, english_task = (c["task_id"] for c in claims)
 
-        drafts: dict[str, dict[str, Any]] = {}
-        requests: list[dict[str, Any]] = []
-        for task_id, body, language in (
-            (hebrew_task, HEBREW_BODY, "he"),
-            (english_task, ENGLISH_BODY, "en"),
-        ):
-            await to_draft_ready(client, task_id)
-            drafts[task_id] = await call(
-                client, "render", task_id=task_id, body_markdown=body, language=language
-            )
-            approval = await call(
-                client, "request_approval", task_id=task_id, draft_id=drafts[task_id]["draft_id"]
-            )
-            requests.append(approval)
+        drafts, requests = await drafted_in_hebrew_and_english(
+            client, hebrew_task, english_task, partial(call, client, "request_approval")
+        )
         hebrew, english = drafts[hebrew_task], drafts[english_task]
         assert (hebrew["direction"], hebrew["language"]) == ("rtl", "he")
         assert (english["direction"], english["language"]) == ("ltr", "en")
-        assert hebrew["subject"] == {"text": "Re: בקשת הצעת מחיר", "flags": []}
+        assert hebrew["subject"] == {"text": f"Re: {HEBREW_SUBJECT}", "flags": []}
         assert set(HEBREW_FRAGMENTS) <= ltr_isolated(hebrew["html"])
 
         await approve_by_reply(station, client, requests)
@@ -675,26 +606,9 @@ async def test_scenario_07_hebrew_rtl_and_english_ltr_survive_stored_copy_read_b
     copies = sent_by_message_id(station)
 
     # Hebrew: the stored copy is right-to-left, Hebrew, and every LTR fragment is isolated.
-    hebrew_copy = copies[sends[hebrew_task]["internet_message_id"]]
-    assert hebrew_copy["Subject"] == "Re: בקשת הצעת מחיר"
-    html = part(hebrew_copy, "html")
-    wrapper = wrapper_of(html)
-    assert (wrapper.get("dir"), wrapper.get("lang")) == ("rtl", "he")
-    assert "text-align:right" in (wrapper.get("style") or "").replace(" ", "")
-    assert set(HEBREW_FRAGMENTS) <= ltr_isolated(html)
-    assert "שלום דנה" in html and "ההצעה המעודכנת" in html
-    text = part(hebrew_copy, "plain")
-    for fragment in HEBREW_FRAGMENTS:  # the text part isolates them with LRI ... PDI
-        assert f"\u2066{fragment}\u2069" in text, fragment
-
+    assert_hebrew_reply(copies[sends[hebrew_task]["internet_message_id"]])
     # English: the stored copy is left-to-right, English, its text intact.
-    english_copy = copies[sends[english_task]["internet_message_id"]]
-    html = part(english_copy, "html")
-    wrapper = wrapper_of(html)
-    assert (wrapper.get("dir"), wrapper.get("lang")) == ("ltr", "en")
-    assert "text-align:left" in (wrapper.get("style") or "").replace(" ", "")
-    assert "INV-2026-119" in html and "USD 1,250" in html
-    assert "https://contoso.test/quotes/119" in html
+    assert_english_reply(copies[sends[english_task]["internet_message_id"]])
 
 
 # -- read-back reporting ---------------------------------------------------------------------
