@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
 from agent.domain.context import MailboxBinding
@@ -200,7 +201,10 @@ class Providers:
                 assert binding.path is not None  # the context model requires it
                 return MaildirProvider(Path(binding.path), binding.mailbox_id)
             if channel is Channel.IMAP and binding.server is not None:
-                password = self._secret(workspace_id, binding, binding.server.password)
+                name = binding.server.password
+                self._secret(workspace_id, binding, name)  # a missing one fails here, named
+                # Read again at each sign-in, so a password changed in the vault is used.
+                password = partial(self._secret, workspace_id, binding, name)
                 return ImapSmtpProvider(
                     binding.server, binding.mailbox_id, password, provider=binding.provider
                 )

@@ -21,7 +21,7 @@ import logging
 import re
 import ssl
 from base64 import b64encode
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -54,13 +54,26 @@ class FolderStatus:
     highestmodseq: int | None
 
 
+PasswordSource = Callable[[], Secret]
+"""Where a channel reads its password at each sign-in (the vault: a password changed there
+is used from the next sign-in on)."""
+
+
+def password_source(password: Secret | PasswordSource) -> PasswordSource:
+    if isinstance(password, Secret):
+        return lambda: password
+    return password
+
+
 class ImapSession:
     """A logged-in IMAP connection to one mailbox, opened on first use."""
 
-    def __init__(self, server: MailServer, mailbox_id: str, password: Secret) -> None:
+    def __init__(
+        self, server: MailServer, mailbox_id: str, password: Secret | PasswordSource
+    ) -> None:
         self._server = server
         self._mailbox_id = mailbox_id
-        self._password = password
+        self._password = password_source(password)
         self._client: Any = None
         self._selected: FolderStatus | None = None
         self._readonly = True
@@ -117,13 +130,17 @@ class ImapSession:
         lost = _LostConnection()
         context = None
         if imap.security is Security.TLS:
-            context = ssl.create_default_context(cafile=self._server.ca_file)
+            try:
+                context = tls_context(self._server.ca_file)
+            except ProviderError as exc:
+                raise ProviderError(f"mailbox {self._mailbox_id}: {exc}") from None
         # The base client takes both a TLS context and the lost-connection callback (the
         # TLS subclass drops the callback).
         client = _lib.IMAP4(
             host=imap.host, port=port, timeout=timeout, conn_lost_cb=lost, ssl_context=context
         )
         lost.protocol = client.protocol
+        _guard(client.protocol)
         try:
             await self._greeted(client)
             await self._login(client)
@@ -144,25 +161,24 @@ class ImapSession:
 
     async def _login(self, client: Any) -> None:
         """AUTHENTICATE PLAIN with an initial response where the server offers it (any
-        password bytes pass), else LOGIN. Neither form of the password is ever logged or put
-        into an error."""
+        password bytes pass), else LOGIN. The password is written to the connection and
+        nowhere else: the command the client library keeps (which its errors and logs
+        print) holds ``[redacted]`` in its place, and no error of the login quotes the
+        library's text."""
         protocol = client.protocol
         caps = {c.upper() for c in protocol.capabilities}  # pyright: ignore[reportUnknownMemberType,reportUnknownVariableType]
+        password = self._password().reveal()
+        if "AUTH=PLAIN" in caps and "SASL-IR" in caps:
+            blob = b64encode(b"\0" + self.username.encode() + b"\0" + password.encode())
+            wire = ("AUTHENTICATE", "PLAIN", blob.decode("ascii"))
+        else:
+            wire = ("LOGIN", _quoted(self.username), _quoted(password))
         try:
-            if "AUTH=PLAIN" in caps and "SASL-IR" in caps:
-                blob = b"\0" + self.username.encode() + b"\0" + self._password.reveal().encode()
-                command = _lib.Command(
-                    "AUTHENTICATE", protocol.new_tag(), "PLAIN", b64encode(blob).decode("ascii")
-                )
-                response = await asyncio.wait_for(protocol.execute(command), client.timeout)
-                if response.result == "OK":
-                    protocol.state = _lib.AUTH
-            else:
-                response = await client.login(self.username, self._password.reveal())
-        except _DROPPED as exc:
-            raise self.dropped("dropped during the login", exc) from None
-        except _ImapError as exc:
-            raise self.garbled(exc) from None
+            response = await asyncio.wait_for(_secret_command(protocol, wire), client.timeout)
+        except (*_DROPPED, _CommandTimeout):
+            raise self.dropped("dropped during the login", None) from None
+        except _ImapError:
+            raise self.garbled(ImapSyntaxError("an answer to the login that is not IMAP")) from None
         if response.result != "OK":
             detail = _last_text(response.lines)
             raise AuthenticationExpired(
@@ -170,6 +186,7 @@ class ImapSession:
                 f"of {self.username} ({detail}); store the right password (or app password) "
                 f"with 'outloop vault set WORKSPACE {self._mailbox_id} {self._server.password}'"
             )
+        protocol.state = _lib.AUTH
         await self._refresh_capabilities(client)
 
     async def _refresh_capabilities(self, client: Any) -> None:
@@ -368,13 +385,27 @@ class _LostConnection:
         waiting = [protocol.pending_sync_command, *protocol.pending_async_commands.values()]
         for command in waiting:
             if command is not None:
-                command._exception = ConnectionLost(f"connection lost ({exc or 'closed'})")
+                # Never the library's text: it may print a pending command's arguments.
+                command._exception = ConnectionLost("connection lost")
                 command.close(b"connection lost", "KO")
 
 
 _TEMPORARY = re.compile(r"^\[(SERVERBUG|UNAVAILABLE|INUSE)\]")
 """Response codes of a NO that may pass (RFC 5530): the connection is replaced."""
 _DROPPED = (OSError, TimeoutError, asyncio.TimeoutError, ConnectionLost)
+
+
+def tls_context(ca_file: str | None) -> ssl.SSLContext:
+    """A client TLS context verifying against the system's authorities, or ``ca_file``'s;
+    ``ProviderError`` saying so when that file cannot be read as PEM certificates."""
+    try:
+        return ssl.create_default_context(cafile=ca_file)
+    except (OSError, ssl.SSLError) as exc:
+        raise ProviderError(
+            f"server.ca_file {ca_file!r} cannot be read as PEM certificates "
+            f"({type(exc).__name__}: {getattr(exc, 'strerror', None) or exc}); fix the path "
+            "in the Workspace Context"
+        ) from None
 
 
 def tls_refused(mailbox_id: str, where: str, exc: ssl.SSLError) -> ProviderError:
@@ -385,6 +416,42 @@ def tls_refused(mailbox_id: str, where: str, exc: ssl.SSLError) -> ProviderError
         "issued by an internal authority, set server.ca_file to that authority's PEM file, "
         "else fix the server's certificate (nothing is sent or read without a verified one)"
     )
+
+
+async def _secret_command(protocol: Any, wire: tuple[str, ...]) -> Any:
+    """Run a command that carries a secret as the client library runs a synchronous one,
+    but with the kept command showing ``[redacted]`` for its arguments: the real line goes
+    to the connection only."""
+    command = _lib.Command(wire[0], protocol.new_tag(), "[redacted]", loop=protocol.loop)
+    if protocol.pending_sync_command is not None:
+        await protocol.pending_sync_command.wait()
+    protocol.pending_sync_command = command
+    line = " ".join((command.tag, *wire)) + "\r\n"
+    protocol.transport.write(line.encode("utf-8"))
+    await command.wait()
+    return command.response
+
+
+def _quoted(text: str) -> str:
+    """An IMAP quoted string (RFC 3501): backslash and double quote escaped."""
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def _guard(protocol: Any) -> None:
+    """An answer the client library cannot follow (a tagged answer out of turn) makes it
+    raise inside the event loop's callback; the connection is closed instead, which fails
+    the waiting command as a dropped connection."""
+    receive = protocol.data_received
+
+    def guarded(data: bytes) -> None:
+        try:
+            receive(data)
+        except Exception:  # the library's text may quote a pending command: not kept
+            transport = protocol.transport
+            if transport is not None:
+                transport.close()
+
+    protocol.data_received = guarded
 
 
 def _close_transport(client: Any) -> None:

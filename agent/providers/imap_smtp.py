@@ -70,7 +70,14 @@ from agent.domain.mail import (
 from agent.domain.secrets import Secret
 from agent.ports import Clock
 from agent.providers import imap_wire, mime, rfc822
-from agent.providers.imap_session import FolderStatus, ImapSession, tls_refused
+from agent.providers.imap_session import (
+    FolderStatus,
+    ImapSession,
+    PasswordSource,
+    password_source,
+    tls_context,
+    tls_refused,
+)
 from agent.providers.retry import with_retries
 
 CHANNEL = Channel.IMAP
@@ -145,7 +152,7 @@ class ImapSmtpProvider:
         self,
         server: MailServer,
         mailbox_id: str,
-        password: Secret,
+        password: Secret | PasswordSource,
         *,
         provider: str = "imap",
         markers: tuple[MarkerKind, ...] = MARKERS,
@@ -156,7 +163,7 @@ class ImapSmtpProvider:
             raise ValueError(f"an IMAP channel marks its copies by {', '.join(MARKERS)} only")
         self._server = server
         self._mailbox_id = mailbox_id.lower()
-        self._password = password
+        self._password = password_source(password)
         self._provider = provider
         self._markers = markers
         self._page_size = page_size
@@ -235,7 +242,7 @@ class ImapSmtpProvider:
         self, status: FolderStatus, uids: Sequence[int]
     ) -> tuple[ScannedMessage, ...]:
         fetched = await self._session.uid_fetch(uids, FETCH_ITEMS)
-        by_uid = {imap_wire.number(f.get(b"UID"), "a fetched UID"): f for f in fetched}
+        by_uid = _with_section(fetched, b"BODY[]")
         roots = await self._roots(status, uids)
         items: list[ScannedMessage] = []
         for uid in uids:
@@ -270,16 +277,16 @@ class ImapSmtpProvider:
         fetched = await self._session.uid_fetch(uids, "(UID BODY.PEEK[HEADER.FIELDS (MESSAGE-ID)])")
         found: dict[int, str] = {}
         for item in fetched:
-            uid = imap_wire.number(item.get(b"UID"), "a fetched UID")
+            uid = item.get(b"UID")
             header = next((v for k, v in item.items() if k.startswith(b"BODY[")), None)
+            if not (isinstance(uid, bytes) and uid.isdigit() and isinstance(header, bytes)):
+                continue  # a FETCH the server sent of its own (flags changed elsewhere)
             try:
-                ids = rfc822.header_ids(
-                    rfc822.parse(imap_wire.text(header) + b"\r\n"), "Message-ID"
-                )
+                ids = rfc822.header_ids(rfc822.parse(header + b"\r\n"), "Message-ID")
             except rfc822.UnparseableMessage:
                 continue
             if ids:
-                found[uid] = ids[0]
+                found[int(uid)] = ids[0]
         return found
 
     async def _raw(self, ref: str) -> bytes:
@@ -291,9 +298,9 @@ class ImapSmtpProvider:
                 "since it was read (read the changes again)"
             )
         fetched = await self._session.uid_fetch([uid], "(UID BODY.PEEK[])")
-        for item in fetched:
-            if imap_wire.number(item.get(b"UID"), "a fetched UID") == uid:
-                return imap_wire.text(item.get(b"BODY[]"))
+        found = _with_section(fetched, b"BODY[]").get(uid)
+        if found is not None:
+            return imap_wire.text(found[b"BODY[]"])
         raise NotFound(f"message {ref} is no longer in mailbox {self._mailbox_id}")
 
     @with_retries
@@ -488,17 +495,28 @@ def _own_thread(parsed: rfc822.Parsed, ref: str) -> str:
     return thread_alias(root)
 
 
+class SubmissionLoginRefused(NotHandedOver, AuthenticationExpired):
+    """The submission server refused the login: nothing was sent, and the password (or
+    app password) in the vault needs to be replaced."""
+
+
 class _Submission:
     """One SMTP submission: connect, authenticate, MAIL FROM and RCPT TO from the plan,
     DATA. A failure before DATA handed nothing over (``NotHandedOver``); a connection lost
     during DATA may have been accepted (``OutcomeUnknown``)."""
 
-    def __init__(self, server: MailServer, mailbox_id: str, password: Secret) -> None:
+    def __init__(self, server: MailServer, mailbox_id: str, password: PasswordSource) -> None:
         self._server = server
         self._mailbox_id = mailbox_id
         self._password = password
         smtp = server.smtp
         self._where = f"{smtp.host}:{smtp.port_for('smtp')}"
+
+    def _tls(self) -> ssl.SSLContext:
+        try:
+            return tls_context(self._server.ca_file)
+        except ProviderError as exc:
+            raise NotHandedOver(f"mailbox {self._mailbox_id}: {exc}; nothing was sent") from None
 
     def _not_handed_over(self, what: str, exc: BaseException) -> NotHandedOver:
         return NotHandedOver(
@@ -517,7 +535,7 @@ class _Submission:
             port=smtp.port_for("smtp"),
             use_tls=smtp.security is Security.TLS,
             start_tls=smtp.security is Security.STARTTLS,
-            tls_context=ssl.create_default_context(cafile=self._server.ca_file) if secure else None,
+            tls_context=self._tls() if secure else None,
             timeout=self._server.timeout_seconds,
         )
         try:
@@ -526,7 +544,13 @@ class _Submission:
             try:
                 await client.data(raw)
             except aiosmtplib.SMTPResponseException as exc:
-                raise self._not_handed_over("refused the message", exc) from None
+                if 400 <= exc.code < 600:  # the server answered, refusing the message
+                    raise self._not_handed_over("refused the message", exc) from None
+                raise OutcomeUnknown(
+                    f"mailbox {self._mailbox_id}: the SMTP server at {self._where} answered "
+                    f"the message with something that is not SMTP ({_reason(exc)}): it may "
+                    "have been sent"
+                ) from None
             except (TimeoutError, aiosmtplib.SMTPException, OSError) as exc:
                 raise OutcomeUnknown(
                     f"mailbox {self._mailbox_id}: the connection to the SMTP server at "
@@ -548,9 +572,9 @@ class _Submission:
             raise self._not_handed_over("could not be reached", exc) from None
         username = self._server.username or self._mailbox_id
         try:
-            await client.login(username, self._password.reveal())
+            await client.login(username, self._password().reveal())
         except aiosmtplib.SMTPAuthenticationError as exc:
-            raise AuthenticationExpired(
+            raise SubmissionLoginRefused(
                 f"mailbox {self._mailbox_id}: the SMTP server at {self._where} refused the "
                 f"login of {username} ({exc.code}); store the right password with 'outloop "
                 f"vault set WORKSPACE {self._mailbox_id} {self._server.password}'. Nothing was sent"
@@ -605,3 +629,18 @@ def _reason(exc: BaseException) -> str:
     if isinstance(exc, aiosmtplib.SMTPResponseException):
         return f"{exc.code} {exc.message}"
     return str(exc) or type(exc).__name__
+
+
+def _with_section(
+    fetched: Sequence[dict[bytes, imap_wire.Value]], section: bytes
+) -> dict[int, dict[bytes, imap_wire.Value]]:
+    """The fetched items that answer our request, by UID: a server also sends FETCH
+    responses of its own while it answers (another client changed a message's flags), which
+    carry no UID or none of the requested data, and are left out."""
+    found: dict[int, dict[bytes, imap_wire.Value]] = {}
+    for item in fetched:
+        uid, data = item.get(b"UID"), item.get(section)
+        answers = section in item and isinstance(data, bytes | None)
+        if answers and isinstance(uid, bytes) and uid.isdigit():
+            found[int(uid)] = item
+    return found

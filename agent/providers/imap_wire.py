@@ -20,6 +20,8 @@ Value = bytes | None | list["Value"]
 _LITERAL_RE = re.compile(rb"\{(\d+)\+?\}$")
 _CODE_RE = re.compile(rb"\[([A-Z0-9.=-]+)(?: ([^\]]*))?\]")
 _MAX_DEPTH = 100
+_SECTIONED = re.compile(rb"(?i)(BODY|BODY\.PEEK|BINARY|BINARY\.PEEK|BINARY\.SIZE)(\[[^\]]*\])?$")
+"""What an atom holds before a section's ``[`` (RFC 9051 fetch items)."""
 
 
 class ImapSyntaxError(ValueError):
@@ -134,14 +136,15 @@ class _Reader:
 
     def atom(self) -> bytes:
         """An atom, where a section (``BODY[HEADER.FIELDS (A B)]``) and a partial
-        (``<0.100>``) belong to it."""
+        (``<0.100>``) belong to it. Only a section opens brackets: a ``[`` or ``]`` in any
+        other atom (a keyword, a folder name) is a character like another."""
         start = self.pos
         brackets = 0
         while self.pos < len(self.data):
             char = self.data[self.pos]
-            if char == ord("["):
+            if char == ord("[") and _SECTIONED.match(self.data, start, self.pos):
                 brackets += 1
-            elif char == ord("]"):
+            elif char == ord("]") and brackets:
                 brackets -= 1
             elif brackets == 0 and char in b" ()\r\n":
                 break

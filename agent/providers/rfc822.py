@@ -132,7 +132,12 @@ class _OncePerValue(email.policy.EmailPolicy):
     def header_fetch_parse(self, name: str, value: str) -> Any:
         if hasattr(value, "name"):
             return value
+        if len(value) > _CACHED_VALUE_LIMIT:  # a huge crafted value is parsed, never kept
+            return email.policy.default.header_fetch_parse(name, value)
         return _parsed_header(name, value)
+
+
+_CACHED_VALUE_LIMIT = 4096
 
 
 @functools.lru_cache(maxsize=8192)

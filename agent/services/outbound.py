@@ -326,11 +326,22 @@ async def _attempt(
     try:
         result = await provider.send(handover)
     except NotHandedOver as exc:
-        # The channel says it never took the message: the attempt is over and another may go.
-        channel = provider.capabilities.channel
-        store.settle_send(
-            intent.key, False, f"{type(exc).__name__}: {exc}", f"channel {channel}", clock.now()
-        )
+        # The channel says it never took the message: the attempt is over and another may go
+        # - if it is still this attempt (a worker that took it over meanwhile decides).
+        current = store.get_send(intent.key)
+        ours = current is not None and current.state is SendState.ATTEMPTING
+        if (
+            ours
+            and current is not None
+            and (current.holder, current.attempts)
+            == (
+                record.holder,
+                record.attempts,
+            )
+        ):
+            channel = provider.capabilities.channel
+            evidence = f"{type(exc).__name__}: {exc}"
+            store.settle_send(intent.key, False, evidence, f"channel {channel}", clock.now())
         raise
     except ProviderError as exc:
         # Whatever the failure, it may have happened after the channel took the message:

@@ -8,12 +8,18 @@ Each test signs in as a Dovecot user of its own; the mailbox it works is always
 
 from __future__ import annotations
 
+import asyncio
+import base64
 import itertools
+import logging
+import socket
 from collections.abc import AsyncIterator, Mapping
 from datetime import timedelta
 from typing import ClassVar
 
 import pytest
+from aiosmtpd.controller import Controller
+from aiosmtpd.smtp import AuthResult
 
 from agent.domain.context import Endpoint, MailServer, Security
 from agent.domain.errors import (
@@ -399,3 +405,88 @@ class TestTls(OnDovecot):
             assert "server.ca_file" in str(smtp_refused.value)
             assert len(submission.envelopes) == 1  # nothing more was sent
             await stranger.aclose()
+
+
+class TestServersThatMisbehave(OnDovecot):
+    @pytest.mark.anyio
+    async def test_a_flag_change_another_client_makes_mid_fetch_loses_no_message(self) -> None:
+        for n in range(3):
+            self.deliver(raw_message(n))
+        with ImapProxy(self.dovecot.imap_port) as proxy:
+            provider = self.build(imap_port=proxy.port)
+            proxy.interject_flag_changes()
+            items, _ = await read_all(provider)
+            assert sorted(map(str, ids(items))) == [f"<c{n}@contoso.test>" for n in range(3)]
+            assert proxy.fired == ["interjected a flag change"]
+            await provider.aclose()
+
+    @pytest.mark.anyio
+    async def test_a_login_answered_out_of_turn_shows_the_password_nowhere(
+        self, caplog: pytest.LogCaptureFixture
+    ) -> None:
+        secret = 'out-of-turn "pw" \\ 9f3'
+        shown = [secret, base64.b64encode(f"\0{self.user}\0{secret}".encode()).decode()]
+
+        async def wrong_tags(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            writer.write(b"* OK ready\r\n")
+            try:
+                while line := await reader.readline():
+                    tag = line.split(b" ", 1)[0]
+                    if b"CAPABILITY" in line.upper():
+                        writer.write(b"* CAPABILITY IMAP4rev1 AUTH=PLAIN SASL-IR\r\n")
+                        writer.write(tag + b" OK\r\n")
+                    else:
+                        writer.write(b"ZZZ9 OK not your tag\r\n")
+                    await writer.drain()
+            except ConnectionError:
+                pass  # the client hung up
+            finally:
+                writer.close()
+
+        caplog.set_level(logging.DEBUG)
+        server = await asyncio.start_server(wrong_tags, "127.0.0.1", 0)
+        port = int(server.sockets[0].getsockname()[1])
+        provider = self.build(imap_port=port, password=secret)
+        with pytest.raises(ProviderError) as failed:
+            await provider.changes(None)
+        await provider.aclose()
+        server.close()
+        await server.wait_closed()
+        text = f"{failed.value!r} {failed.value} " + caplog.text
+        assert all(form not in text for form in shown)
+        assert MAILBOX.lower() in str(failed.value)
+
+    @pytest.mark.anyio
+    async def test_an_answer_to_data_that_is_not_smtp_leaves_the_outcome_unknown(self) -> None:
+        class Garbling:
+            async def handle_DATA(self, *_: object) -> str:
+                return "this is not an SMTP reply"
+
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            free = int(probe.getsockname()[1])
+        controller = Controller(
+            Garbling(),
+            hostname="127.0.0.1",
+            port=free,
+            authenticator=lambda *_: AuthResult(success=True),
+            auth_require_tls=False,
+        )
+        controller.start()
+        try:
+            self.deliver(raw_message(1))
+            server = self.server().model_copy(
+                update={
+                    "smtp": Endpoint(host="127.0.0.1", port=controller.port, security=Security.NONE)
+                }
+            )
+            reader = self.build()
+            [parent] = envelopes((await read_all(reader))[0])
+            await reader.aclose()
+            provider = ImapSmtpProvider(server, MAILBOX, Secret("unused: no AUTH offered"))
+            handover = await provider.prepare(reply(parent, provider.capabilities))
+            with pytest.raises(OutcomeUnknown):
+                await provider.send(handover)
+            await provider.aclose()
+        finally:
+            controller.stop()

@@ -13,8 +13,10 @@ CONFLICT DO NOTHING``. Of concurrent callers the first to record an id wins: on 
 an insert that meets another's uncommitted insert of the same id waits for it, and then sees
 it. A caller that lost an id to a concurrent one decides again on what is recorded now, as
 if it had come after that caller, and re-points the ids it recorded itself (uncommitted, so
-nobody saw them). Ids are inserted in sorted order, so two callers never wait on each other
-in a cycle.
+nobody saw them). A message's ids are inserted in sorted order, so two callers resolving one
+message each never wait on each other in a cycle; two resolving overlapping pages at once
+(``resolve_threads``) may, and PostgreSQL then rolls one back, which the store retries whole
+(its decisions are made again on what the other recorded).
 """
 
 from __future__ import annotations
