@@ -45,21 +45,14 @@ from agent.domain.dispositions import Disposition
 from agent.domain.errors import HandoverRefused, InvalidRequest
 from agent.domain.execution import ClaimOutcome
 from agent.domain.mail import (
-    AttachmentData,
-    Capabilities,
-    ChangePage,
     Handover,
-    Marker,
     MarkerKind,
-    MessageBody,
     OutgoingMessage,
-    ProviderHealth,
     SendResult,
-    StoredCopy,
 )
 from agent.domain.records import SendIntent, SendState
 from agent.domain.task import Task
-from agent.ports import EmbeddedStore, MailProvider
+from agent.ports import EmbeddedStore
 from agent.providers import mime
 from agent.rendering.render import render_message
 from agent.services import intake, outbound
@@ -68,6 +61,7 @@ from agent.services.workspaces import DataDir, add_workspace
 from agent.storage.backend import open_store
 from agent.testing.clocks import FrozenClock
 from agent.testing.contexts import context_yaml
+from agent.testing.faults import Passthrough
 from agent.testing.providers import CLIENT, Fault, MailboxHooks, raw_message
 
 WORKSPACE = "ws-channels-0001"
@@ -566,45 +560,9 @@ def _dead_holder() -> str:
     return "/".join(parts)
 
 
-class _DiesAfterHandover:
+class _DiesAfterHandover(Passthrough):
     """A channel whose worker dies the moment the channel has taken the message."""
 
-    def __init__(self, inner: MailProvider) -> None:
-        self._inner = inner
-
-    @property
-    def provider(self) -> str:
-        return self._inner.provider
-
-    @property
-    def mailbox_id(self) -> str:
-        return self._inner.mailbox_id
-
-    @property
-    def capabilities(self) -> Capabilities:
-        return self._inner.capabilities
-
-    async def changes(self, cursor: str | None) -> ChangePage:
-        return await self._inner.changes(cursor)
-
-    async def fetch_body(self, body_ref: str) -> MessageBody:
-        return await self._inner.fetch_body(body_ref)
-
-    async def fetch_attachment(self, ref: str) -> AttachmentData:
-        return await self._inner.fetch_attachment(ref)
-
-    async def prepare(self, message: OutgoingMessage) -> Handover:
-        return await self._inner.prepare(message)
-
     async def send(self, handover: Handover) -> SendResult:
-        await self._inner.send(handover)
+        await self.inner.send(handover)
         raise _Died
-
-    async def find_sent(self, marker: Marker) -> StoredCopy | None:
-        return await self._inner.find_sent(marker)
-
-    async def health(self) -> ProviderHealth:
-        return await self._inner.health()
-
-    async def aclose(self) -> None:
-        await self._inner.aclose()

@@ -223,26 +223,12 @@ class ChannelFaults(SharedFile):
         ]
 
 
-class FaultyChannel:
-    """``inner`` with lost answers and late copies (see the module); the whole MailProvider
-    port, by delegation.
+class Passthrough:
+    """The whole MailProvider port, each call handed to ``inner``: the base of a wrapper
+    that changes one or two calls."""
 
-    ``sent_copy_latency`` is what it declares (at least the inner channel's own): no copy is
-    hidden longer than that after its acceptance."""
-
-    def __init__(
-        self,
-        inner: MailProvider,
-        faults: ChannelFaults,
-        *,
-        sent_copy_latency: timedelta = timedelta(0),
-    ) -> None:
+    def __init__(self, inner: MailProvider) -> None:
         self.inner = inner
-        self.faults = faults
-        own = inner.capabilities
-        self._capabilities = own.model_copy(
-            update={"sent_copy_latency": max(own.sent_copy_latency, sent_copy_latency)}
-        )
 
     @property
     def provider(self) -> str:
@@ -254,7 +240,7 @@ class FaultyChannel:
 
     @property
     def capabilities(self) -> Capabilities:
-        return self._capabilities
+        return self.inner.capabilities
 
     async def changes(self, cursor: str | None) -> ChangePage:
         return await self.inner.changes(cursor)
@@ -267,6 +253,43 @@ class FaultyChannel:
 
     async def prepare(self, message: OutgoingMessage) -> Handover:
         return await self.inner.prepare(message)
+
+    async def send(self, handover: Handover) -> SendResult:
+        return await self.inner.send(handover)
+
+    async def find_sent(self, marker: Marker) -> StoredCopy | None:
+        return await self.inner.find_sent(marker)
+
+    async def health(self) -> ProviderHealth:
+        return await self.inner.health()
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+
+class FaultyChannel(Passthrough):
+    """``inner`` with lost answers and late copies (see the module).
+
+    ``sent_copy_latency`` is what it declares (at least the inner channel's own): no copy is
+    hidden longer than that after its acceptance."""
+
+    def __init__(
+        self,
+        inner: MailProvider,
+        faults: ChannelFaults,
+        *,
+        sent_copy_latency: timedelta = timedelta(0),
+    ) -> None:
+        super().__init__(inner)
+        self.faults = faults
+        own = inner.capabilities
+        self._capabilities = own.model_copy(
+            update={"sent_copy_latency": max(own.sent_copy_latency, sent_copy_latency)}
+        )
+
+    @property
+    def capabilities(self) -> Capabilities:
+        return self._capabilities
 
     async def send(self, handover: Handover) -> SendResult:
         latency = self._capabilities.sent_copy_latency
@@ -291,9 +314,3 @@ class FaultyChannel:
         if copy is None or copy.internet_message_id is None:
             return copy
         return None if self.faults.hides("message_id", copy.internet_message_id) else copy
-
-    async def health(self) -> ProviderHealth:
-        return await self.inner.health()
-
-    async def aclose(self) -> None:
-        await self.inner.aclose()
