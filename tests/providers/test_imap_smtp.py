@@ -31,9 +31,15 @@ from agent.domain.errors import (
     TransientFailure,
 )
 from agent.domain.mail import MarkerKind
+from agent.domain.records import SendState
 from agent.domain.secrets import Secret
 from agent.providers.imap_smtp import MARKERS, ImapSmtpProvider
+from agent.services import outbound
+from agent.services.workspaces import DataDir, add_workspace
+from agent.storage.backend import open_store
+from agent.testing import FrozenClock
 from agent.testing.channel_contract import ChannelLifecycleContract
+from agent.testing.contexts import context_yaml
 from agent.testing.providers import (
     CLIENT,
     COLLEAGUE,
@@ -490,3 +496,48 @@ class TestServersThatMisbehave(OnDovecot):
             await provider.aclose()
         finally:
             controller.stop()
+
+
+class TestSendLedgerOnImap(OnDovecot):
+    @pytest.mark.anyio
+    async def test_a_send_refused_before_data_goes_back_to_prepared_and_then_goes_once(
+        self,
+    ) -> None:
+        root = self.where / "core"
+        root.mkdir()
+        data_dir = DataDir(root)
+        store = open_store(None, data_dir.database)
+        clock = FrozenClock()
+        source = self.where / "context.yaml"
+        context = context_yaml(
+            "ws-imap-0001",
+            mailbox=MAILBOX.lower(),
+            provider="imap",
+            mailbox_fields=self.context_fields(),
+        )
+        source.write_text(context, encoding="utf-8")
+        add_workspace(store, data_dir, source, clock.now())
+        intent, message = outbound.outgoing(
+            key="reply|refused-first",
+            kind="client_reply",
+            workspace_id="ws-imap-0001",
+            task_id=None,
+            mailbox_id=MAILBOX.lower(),
+            to=(CLIENT,),
+            subject="Re: Invoice 1",
+            text="We are on it.",
+        )
+        provider = self.build()
+        self.submission.stop()  # nothing listens: the message cannot be handed over
+        with pytest.raises(NotHandedOver):
+            await outbound.send_once(store, provider, intent, message, clock)
+        record = store.get_send(intent.key)
+        assert record is not None and record.state is SendState.PREPARED
+        events = store.send_events(intent.key)
+        assert events[-1].state is SendState.PREPARED and "NotHandedOver" in events[-1].detail
+        self.submission.start()
+        outcome = await outbound.send_once(store, provider, intent, message, clock)
+        assert outcome.status is outbound.SendStatus.SENT
+        assert [e.message_id for e in self.submission.envelopes] == [message.internet_message_id]
+        await provider.aclose()
+        store.close()
