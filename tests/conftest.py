@@ -22,6 +22,7 @@ from agent.storage.sqlite import SqliteStore
 from agent.testing import FrozenClock
 from agent.testing.contexts import context_yaml  # noqa: F401 - the tests import it from here
 from bench.pg_cluster import ThrowawayCluster
+from fixtures.admin import MockAdmin, MockServer
 from fixtures.dovecot import Dovecot
 
 # The session's leak canary: a secret planted in a vault and looked for everywhere else.
@@ -53,6 +54,8 @@ def pytest_sessionfinish() -> None:
     if _dovecot is not None:
         _dovecot.destroy()
         shutil.rmtree(_dovecot.root, ignore_errors=True)
+    if _mock is not None:
+        _mock.stop()
 
 
 _dovecot: Dovecot | None = None
@@ -67,6 +70,23 @@ def session_dovecot() -> Dovecot:
         root = Path(tempfile.mkdtemp(prefix="outloop-dovecot-"))
         _dovecot = Dovecot(root).start()
     return _dovecot
+
+
+_mock: MockServer | None = None
+
+
+def session_mock() -> MockAdmin:
+    """The session's mock providers (``outloop fixtures serve`` on a free loopback port),
+    started on first use and stopped when the session ends. Tests create accounts of their
+    own (unique addresses), so none sees another's mail; a test that sets fault switches
+    clears them (``clear_faults``) when it ends."""
+    global _mock  # noqa: PLW0603 - one server per test session
+    if _mock is None:
+        log = Path(tempfile.mkdtemp(prefix="outloop-mock-")) / "stderr.log"
+        _mock = MockServer(log)
+        _mock.start()
+    assert _mock.admin is not None
+    return _mock.admin
 
 
 def pg_url_at(where: Path) -> str:

@@ -10,6 +10,7 @@ import re
 from datetime import date, datetime
 from enum import StrEnum
 from typing import Any
+from urllib.parse import urlsplit
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 import yaml
@@ -133,6 +134,67 @@ class MailServer(_Model):
         return value
 
 
+def _https_or_loopback(url: str) -> str:
+    parsed = urlsplit(url)
+    host = (parsed.hostname or "").lower()
+    if parsed.scheme == "https" and host:
+        return url
+    if parsed.scheme == "http" and host in LOOPBACK_HOSTS:
+        return url
+    raise ValueError(
+        f"{url!r}: an API or token endpoint is reached over https (plain http only to a "
+        "server on this machine, such as the local mock providers)"
+    )
+
+
+class ApiAccess(_Model):
+    """How a mailbox is reached through its mail system's API with OAuth: the endpoints
+    (default: the provider's published ones) and the vault names of its OAuth secrets."""
+
+    base_url: str | None = Field(
+        default=None,
+        description="the API's base URL (default: https://gmail.googleapis.com/gmail/v1 for "
+        "google, https://graph.microsoft.com/v1.0 for microsoft)",
+    )
+    token_url: str | None = Field(
+        default=None,
+        description="the OAuth token endpoint (default: the provider's; for microsoft, the "
+        "tenant's under login.microsoftonline.com)",
+    )
+    tenant: str = Field(
+        default="common",
+        pattern=r"^[A-Za-z0-9.-]{1,100}$",
+        description="the Entra ID tenant (id or domain) the app is registered in (microsoft)",
+    )
+    user: str = Field(
+        default="me",
+        min_length=1,
+        description="whose mailbox the API reads: 'me' (the signed-in account), or a user "
+        "id or address the app may read",
+    )
+    scopes: tuple[str, ...] = Field(
+        default=(), description="the OAuth scopes to ask for at refresh (default: none named)"
+    )
+    client_id: str = Field(default="oauth_client_id", pattern=NAME_PATTERN)
+    client_secret: str = Field(default="oauth_client_secret", pattern=NAME_PATTERN)
+    refresh_token: str = Field(default="oauth_refresh_token", pattern=NAME_PATTERN)
+    sent_copy_latency_seconds: int = Field(
+        default=120,
+        ge=0,
+        le=86400,
+        description="the longest a sent message takes to appear among the mailbox's sent mail",
+    )
+    parallel: int = Field(
+        default=8, ge=1, le=64, description="requests in flight at once for this mailbox"
+    )
+    timeout_seconds: float = Field(default=30.0, gt=0, le=600)
+
+    @field_validator("base_url", "token_url")
+    @classmethod
+    def _secure(cls, value: str | None) -> str | None:
+        return None if value is None else _https_or_loopback(value.rstrip("/"))
+
+
 class MailboxBinding(_Model):
     """One mailbox this workspace reads. A shared mailbox binds items by exact rules.
 
@@ -163,6 +225,11 @@ class MailboxBinding(_Model):
     )
     server: MailServer | None = Field(
         default=None, description="the IMAP and SMTP servers (a mailbox reached over IMAP)"
+    )
+    api: ApiAccess = Field(
+        default_factory=ApiAccess,
+        description="the API's endpoints and OAuth secrets (a mailbox reached through its "
+        "provider's API)",
     )
 
     @field_validator("channels")
