@@ -9,6 +9,7 @@ import logging
 import click
 
 from mcp_server.cli.bench import bench
+from mcp_server.cli.connect import connect_command
 from mcp_server.cli.demo import demo_command
 from mcp_server.cli.fixtures import fixtures
 from mcp_server.cli.run import run_command
@@ -32,6 +33,7 @@ def main() -> None:
 for command in (
     workspace,
     vault,
+    connect_command,
     run_command,
     sends,
     demo_command,
