@@ -13,8 +13,9 @@ at once, and turns each answer the provider documents as a failure into the core
 
 Reads are retried by ``agent.providers.retry`` (the named wait honoured). A send is made
 once (``once=True``) and never retried here: a failure before the request could reach the
-provider (a refused connection, a 429) is ``NotHandedOver``, and one after it may have
-been taken (a 5xx, a lost answer) is ``OutcomeUnknown``, settled from the sent copies.
+provider (a refused connection) or that it refused (any 4xx: a 429, an expired
+authorization, a bad request) is ``NotHandedOver``, and one after which it may have been
+taken (a 5xx, a lost answer) is ``OutcomeUnknown``, settled from the sent copies.
 """
 
 from __future__ import annotations
@@ -59,6 +60,15 @@ ErrorReader = Callable[[httpx.Response], ApiFailure]
 
 class SendThrottled(NotHandedOver, Throttled):
     """A send the provider refused with a rate limit before taking it: nothing went out."""
+
+
+class SendUnauthorized(NotHandedOver, AuthenticationExpired):
+    """A send refused because the mailbox's authorization is no longer valid: nothing went
+    out, and nothing will until the mailbox is connected again."""
+
+
+class SendForbidden(NotHandedOver, AccessRefused):
+    """A send the provider or a policy refuses (a missing scope): nothing went out."""
 
 
 class ApiClient:
@@ -181,7 +191,7 @@ class ApiClient:
             if once:
                 raise OutcomeUnknown(f"{said}; the send may have been taken")
             raise TransientFailure(said)
-        raise _refusal(status, said)
+        raise _send_refusal(status, said) if once else _refusal(status, said)
 
 
 def _refusal(status: int, said: str) -> ProviderError:
@@ -192,6 +202,16 @@ def _refusal(status: int, said: str) -> ProviderError:
     if status == 404:
         return NotFound(said)
     return ProviderError(said)
+
+
+def _send_refusal(status: int, said: str) -> NotHandedOver:
+    """A send's 4xx: the provider refused the request, so nothing went out."""
+    said = f"{said}; nothing was handed over"
+    if status == 401:
+        return SendUnauthorized(f"{said}: the access token was refused after a refresh")
+    if status == 403:
+        return SendForbidden(said)
+    return NotHandedOver(said)
 
 
 def retry_after(value: str | None) -> float | None:
