@@ -28,7 +28,7 @@ import anyio
 import pytest
 
 from agent.domain.errors import OutcomeUnknown
-from agent.domain.mail import Handover, OutgoingMessage, SendResult
+from agent.domain.mail import Handover, Marker, OutgoingMessage, SendResult, StoredCopy
 from agent.domain.records import SendIntent, SendState
 from agent.services import outbound, workspaces
 from agent.storage.sqlite import SqliteStore
@@ -272,4 +272,40 @@ async def test_a_copy_accepted_late_in_a_slow_handover_is_not_proven_absent_too_
     assert settled.status is outbound.SendStatus.RECOVERED
     record = world.store.get_send(intent.key)
     assert record is not None and record.state is SendState.CONFIRMED
+    assert world.copies() == 1
+
+
+class _SlowSearch(InMemoryProvider):
+    """A channel whose search reads the mailbox as it was when the search began, and
+    answers only after the clock moved on (a long scan of the sent mail while other
+    workers play the clock)."""
+
+    async def find_sent(self, marker: Marker) -> StoredCopy | None:
+        found = await super().find_sent(marker)
+        clock = self.state.clock
+        assert isinstance(clock, FileClock)
+        clock.advance(seconds=45)
+        return found
+
+
+async def test_a_search_that_began_before_the_copy_was_due_proves_nothing_however_long_it_ran(
+    world: _World,
+) -> None:
+    """Copies are searchable within 60 s. A's answer is lost and the copy shows 60 s late.
+    At T+30 s a search begins, sees no copy, and ends at T+75 s: counted from when it
+    ended, the copy would be proven absent and sent again - although what the search saw
+    was the mailbox at T+30 s. Only a search that began after the latency proves absence."""
+    view = replace(API, sent_copy_latency=timedelta(seconds=60))
+    world.state.delay_sent_copies(timedelta(seconds=60))
+    world.state.lose_acks(1)
+    box = _SlowSearch.through(world.state, view)
+    intent, message = _planned(A)
+    lost = await outbound.send_once(world.store, box, intent, message, world.clock)
+    assert lost.status is outbound.SendStatus.UNCERTAIN
+    world.clock.advance(seconds=30)
+    again = await outbound.send_once(world.store, box, intent, message, world.clock)
+    assert again.status is outbound.SendStatus.UNCERTAIN, "proven absent by a search too early"
+    assert world.copies() == 1
+    settled = await outbound.send_once(world.store, box, intent, message, world.clock)
+    assert settled.status is outbound.SendStatus.RECOVERED
     assert world.copies() == 1

@@ -275,10 +275,13 @@ async def settle_from_copies(
         )
     if not searchable:
         return SendOutcome(SendStatus.UNCERTAIN, record)  # only its own channel can search it
+    # A search sees the mailbox as it was when it began, however long it runs: only one
+    # that began after the copy had to be searchable proves it absent.
+    searched_from = clock.now()
     copy = await provider.find_sent(marker)
     if copy is not None:
         return _recovered(store, record, copy, clock, "the sent copy")
-    if clock.now() < _searchable_by(record, provider):
+    if searched_from < _searchable_by(record, provider):
         return SendOutcome(SendStatus.UNCERTAIN, record)
     return None  # proven absent: one more attempt may go
 
