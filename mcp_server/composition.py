@@ -9,7 +9,7 @@ data directory, the store and the mail provider adapters.
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -189,7 +189,8 @@ def _vault_key(settings: Settings, backend: vault.Backend) -> Secret | None:
 class Providers:
     """The installed mail adapters, as the intake and the tools reach a workspace's mailbox:
     the first of its permitted channels, in the canonical order, that an adapter reaches.
-    The vault is opened on first need (only IMAP needs a secret from it in this version)."""
+    The vault is opened on first need (IMAP's password and the APIs' OAuth secrets are read
+    from it; a refresh token the provider rotates is written back to it)."""
 
     def __init__(self, settings: Settings) -> None:
         self._settings = settings
@@ -208,12 +209,36 @@ class Providers:
                 return ImapSmtpProvider(
                     binding.server, binding.mailbox_id, password, provider=binding.provider
                 )
+            if channel is Channel.API and binding.provider in API_PROVIDERS:
+                return self._api(workspace_id, binding)
         raise ProviderError(
             f"mailbox {binding.mailbox_id}: no installed adapter reaches mail system "
             f"{binding.provider!r} through its permitted channels "
             f"({', '.join(binding.permitted_channels)}); this version has the embedded "
-            "'maildir' (local files, with a path) and 'imap' (an IMAP and SMTP server)"
+            "'maildir' (local files, with a path), 'imap' (an IMAP and SMTP server), and "
+            "the APIs of 'google' (Gmail) and 'microsoft' (Graph)"
         )
+
+    def _api(self, workspace_id: str, binding: MailboxBinding) -> MailProvider:
+        """The provider's API with the mailbox's OAuth secrets, each read from the vault
+        when the credential needs it (a missing one fails here, named)."""
+        names = (binding.api.client_id, binding.api.client_secret, binding.api.refresh_token)
+        for name in names:
+            self._secret(workspace_id, binding, name)
+        return _api_adapter(binding.provider)(
+            binding,
+            read=partial(self._secret, workspace_id, binding),
+            write=partial(self._store_secret, workspace_id, binding),
+            reconnect=connect_command(workspace_id, binding.mailbox_id),
+        )
+
+    def _store_secret(
+        self, workspace_id: str, binding: MailboxBinding, name: str, value: Secret
+    ) -> None:
+        ref = CredentialRef(workspace_id=workspace_id, mailbox_id=binding.mailbox_id, name=name)
+        if self._vault is None:
+            self._vault = open_vault(self._settings)
+        self._vault.set_secret(ref, value)
 
     def _secret(self, workspace_id: str, binding: MailboxBinding, name: str) -> Secret:
         ref = CredentialRef(workspace_id=workspace_id, mailbox_id=binding.mailbox_id, name=name)
@@ -222,11 +247,31 @@ class Providers:
                 self._vault = open_vault(self._settings)
             return self._vault.secret(ref)
         except ContextError as exc:
+            fix = (
+                connect_command(workspace_id, binding.mailbox_id)
+                if binding.provider in API_PROVIDERS and Channel.API in binding.permitted_channels
+                else f"outloop vault set {workspace_id} {binding.mailbox_id} {name}"
+            )
             raise AuthenticationExpired(
                 f"mailbox {binding.mailbox_id}: its {name!r} cannot be read from the vault "
-                f"({exc}); store it with 'outloop vault set {workspace_id} "
-                f"{binding.mailbox_id} {name}'"
+                f"({exc}); store it with '{fix}'"
             ) from None
+
+
+API_PROVIDERS = ("google", "microsoft")
+"""The mail systems reached through their own API (Gmail API, Microsoft Graph)."""
+
+
+def _api_adapter(provider: str) -> Callable[..., MailProvider]:
+    # Imported when first needed: a station that reaches no API never loads its client.
+    from agent.providers import gmail_api, msgraph  # noqa: PLC0415
+
+    return {"google": gmail_api.open_gmail, "microsoft": msgraph.open_graph}[provider]
+
+
+def connect_command(workspace_id: str, mailbox_id: str) -> str:
+    """The command that stores (or replaces) a mailbox's OAuth client and refresh token."""
+    return f"outloop connect --workspace {workspace_id} --mailbox {mailbox_id}"
 
 
 def provider_for(workspace_id: str, binding: MailboxBinding) -> MailProvider:

@@ -142,7 +142,10 @@ def test_domain_imports_nothing_else_of_the_project() -> None:
 
 
 # Each adapter inside agent/ imports only its own client library.
-ADAPTER_LIBRARIES = {"agent/storage/postgres": {"psycopg", "psycopg_pool"}}
+ADAPTER_LIBRARIES = {
+    "agent/storage/postgres": {"psycopg", "psycopg_pool"},
+    "agent/providers": {"httpx"},  # the API channels' HTTP client
+}
 
 
 @pytest.mark.parametrize("package", ["agent/domain", "agent/services", "agent"])

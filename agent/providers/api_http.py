@@ -20,11 +20,11 @@ taken (a 5xx, a lost answer) is ``OutcomeUnknown``, settled from the sent copies
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
-from typing import Any
+from typing import Any, TypeVar
 
 import anyio
 import httpx
@@ -42,6 +42,8 @@ from agent.domain.errors import (
 )
 from agent.providers.oauth import OAuthCredential, OAuthNames, SecretReader, SecretWriter
 from agent.providers.retry import with_retries
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -162,6 +164,10 @@ class ApiClient:
                 f"mailbox {self.mailbox_id}: the connection was lost after the request was "
                 f"sent ({type(exc).__name__}); it may have been taken"
             ) from None
+        except (AuthenticationExpired, Throttled, TransientFailure) as exc:
+            # The credential failed to sign the request (its refresh was refused or could
+            # not be made): the request never left.
+            raise before_handover(exc) from None
         return self._checked(response, once=True)
 
     async def _request(
@@ -202,6 +208,44 @@ def _refusal(status: int, said: str) -> ProviderError:
     if status == 404:
         return NotFound(said)
     return ProviderError(said)
+
+
+def before_handover(exc: ProviderError) -> NotHandedOver:
+    """A send's failure before the provider took anything (a read the send needed, a
+    refused token refresh), as the send's ``NotHandedOver`` of the same kind."""
+    if isinstance(exc, NotHandedOver):
+        return exc
+    said = f"{exc}; nothing was handed over"
+    if isinstance(exc, AuthenticationExpired):
+        return SendUnauthorized(said)
+    if isinstance(exc, AccessRefused):
+        return SendForbidden(said)
+    if isinstance(exc, Throttled):
+        return SendThrottled(said, exc.retry_after)
+    return NotHandedOver(said)
+
+
+async def gather(ids: Sequence[str], fetch: Callable[[str], Awaitable[T]]) -> list[T | None]:
+    """``fetch`` of each id, at once (the client bounds how many run), in the ids' order;
+    None for a message removed since it was listed. The first failure stops the rest."""
+    found: list[T | None] = [None] * len(ids)
+    failed: list[ProviderError] = []
+
+    async def one(index: int, message_id: str, scope: anyio.CancelScope) -> None:
+        try:
+            found[index] = await fetch(message_id)
+        except NotFound:
+            return
+        except ProviderError as exc:
+            failed.append(exc)
+            scope.cancel()
+
+    async with anyio.create_task_group() as group:
+        for index, message_id in enumerate(ids):
+            group.start_soon(one, index, message_id, group.cancel_scope)
+    if failed:
+        raise failed[0]
+    return found
 
 
 def _send_refusal(status: int, said: str) -> NotHandedOver:

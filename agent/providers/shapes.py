@@ -216,3 +216,12 @@ class GraphErrorBody(_Shape):
     """https://learn.microsoft.com/graph/errors#error-resource-type"""
 
     error: GraphErrorDetail
+
+
+class GraphDraft(GraphMessage):
+    """https://learn.microsoft.com/graph/api/resources/message (a draft as Graph holds it
+    before it is sent: every list it would be sent to)"""
+
+    bcc_recipients: tuple[GraphRecipient, ...] = Field(default=(), alias="bccRecipients")
+    reply_to: tuple[GraphRecipient, ...] = Field(default=(), alias="replyTo")
+    has_attachments: bool | None = Field(default=None, alias="hasAttachments")
