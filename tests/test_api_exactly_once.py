@@ -209,6 +209,7 @@ def _race(kind: str, root: Path, sends: int, seed: int) -> dict[str, Any]:
         "outcomes": dict(race.outcomes),
         "copies_in_sent": sum(in_sent[s] for s in subjects),
         "copies_in_inbox": sum(in_inbox[s] for s in subjects),
+        "drafts_left": len(admin.stored(sender, "drafts")),
         "duplicates": sum(1 for s in subjects if max(in_sent[s], in_inbox[s]) > 1),
         "unapproved": sum(1 for s in in_sent | in_inbox if s not in subjects),
         "confirmed": ledger.confirmed(),
@@ -231,6 +232,7 @@ def _race(kind: str, root: Path, sends: int, seed: int) -> dict[str, Any]:
         (s, in_sent[s], in_inbox[s]) for s in subjects if max(in_sent[s], in_inbox[s]) > 1
     ][:5]
     assert counts["unapproved"] == 0
+    assert counts["drafts_left"] == 0, "a draft of ours was left unsent in the mailbox"
     ledger.assert_settled({key: key for key in planned})
     return counts
 

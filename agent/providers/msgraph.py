@@ -481,7 +481,12 @@ class GraphMailProvider:
         drafts = [m for m in ours if m.is_draft is True]
         parent = await self._parent(message) if message.in_reply_to is not None else None
         if drafts:
-            draft = await self._drafted("PATCH", self._item(drafts[0].id), plan)
+            try:
+                draft = await self._drafted("PATCH", self._item(drafts[0].id), plan)
+            except NotFound:
+                # Sent (or being sent) by another worker since it was listed: handed over as
+                # it was, its send goes no further than settling from its copy.
+                return self._handover(message, drafts[0])
         elif parent is None:
             draft = await self._drafted("POST", f"{self._root}/messages", plan)
         else:
