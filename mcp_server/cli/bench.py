@@ -12,7 +12,8 @@ from typing import Any
 import anyio
 import click
 
-from bench import claims, intake_imap, reconcile, render, send
+from bench import claims, intake_api, intake_imap, reconcile, render, send
+from fixtures.admin import MockServer
 from fixtures.dovecot import Dovecot, DovecotError
 from mcp_server.cli.shared import F, choice_option, data_dir_option, number_option
 from mcp_server.composition import DATABASE_URL_SETTING, Settings
@@ -167,9 +168,10 @@ def bench_send(sends: int, mailbox: str, as_json: bool, data_dir: Path | None) -
 @bench.command("intake")
 @choice_option(
     "--provider",
-    intake_imap.PROVIDERS,
+    [*intake_imap.PROVIDERS, *intake_api.PROVIDERS],
     "imap",
-    "The mail system read: only imap for now (a throwaway Dovecot started for the run).",
+    "The mail system read: imap (a throwaway Dovecot started for the run), or gmail or "
+    "graph (the Gmail API or Microsoft Graph of throwaway mock providers started for the run).",
 )
 @number_option(
     "--messages", click.IntRange(min=1), 2000, "Messages in the mailbox (4 to a thread)."
@@ -185,19 +187,33 @@ def bench_intake(
     provider: str, messages: int, rounds: int, as_json: bool, data_dir: Path | None
 ) -> None:
     """Messages per second from a mailbox to claimed, triaged tasks (the whole intake cycle
-    through the IMAP adapter into a scratch SQLite store), against a bare fetch of the same
-    messages with the same IMAP client in the same run. Only --provider imap so far: it
-    starts a private Dovecot, so it must run as root."""
+    through the provider's adapter into a scratch SQLite store), against a bare fetch of the
+    same messages with the same client in the same run. --provider imap starts a private
+    Dovecot, so it must run as root; gmail and graph start the mock providers."""
     scratch = _bench_scratch(data_dir)
+
+    def progress(line: str) -> None:
+        click.echo(line, err=True)
+
     try:
-        result = intake_imap.run(
-            scratch,
-            Dovecot,
-            provider=provider,
-            messages=messages,
-            rounds=rounds,
-            progress=lambda line: click.echo(line, err=True),
-        )
+        if provider in intake_api.PROVIDERS:
+            result = intake_api.run(
+                scratch,
+                MockServer,
+                provider=provider,
+                messages=messages,
+                rounds=rounds,
+                progress=progress,
+            )
+        else:
+            result = intake_imap.run(
+                scratch,
+                Dovecot,
+                provider=provider,
+                messages=messages,
+                rounds=rounds,
+                progress=progress,
+            )
     except (intake_imap.BenchError, DovecotError) as exc:
         raise click.ClickException(str(exc)) from exc
     echo_result(result, as_json, 26)
