@@ -11,7 +11,6 @@ reports both."""
 from __future__ import annotations
 
 import uuid
-from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -31,7 +30,8 @@ from agent.testing.contexts import context_yaml
 from agent.testing.faults import Passthrough
 from agent.testing.providers import raw_message
 from fixtures.admin import MockAdmin
-from tests.conftest import REPORTED, run_intake, session_mock
+from tests.conftest import session_mock
+from tests.services import coverage
 
 KINDS = ("google", "microsoft")
 ENDPOINTS = {
@@ -125,40 +125,15 @@ def workspace(
     ).workspace_id
 
 
-async def _runs(
-    store: EmbeddedStore, data_dir: workspaces.DataDir, workspace: str, channels: list[MailProvider]
-) -> list[intake.RunResult]:
-    clock = FrozenClock()
-    results: list[intake.RunResult] = []
-    for channel in channels:
-        results.append(await run_intake(store, data_dir, workspace, clock, channel))
-        await channel.aclose()
-    return results
-
-
 def _check(name: str, box: Mailbox, results: list[intake.RunResult], gaps: int = 0) -> None:
-    """Every message the provider shows was claimed once, into a task of its own; every run
-    reconciled clean; ``gaps`` runs met a mailbox they could not read."""
-    shown = box.shown()
-    claimed = Counter(
-        item.item_ref for r in results for item in r.items if item.claim is ClaimOutcome.CLAIMED
+    coverage.check(
+        f"{box.kind} intake coverage {name}",
+        box.shown(),
+        box.delivered,
+        results,
+        gaps,
+        shows="provider_shows",
     )
-    tasks = Counter(
-        item.task_id for r in results for item in r.items if item.claim is ClaimOutcome.CLAIMED
-    )
-    REPORTED[f"{box.kind} intake coverage {name}"] = {
-        "provider_shows": len(shown),
-        "claimed": sum(claimed.values()),
-        "items_seen": sum(len(r.items) for r in results),
-        "runs": len(results),
-    }
-    assert len(shown) == box.delivered, "the mock lost or doubled mail"
-    assert sum(claimed.values()) == len(shown), (len(shown), claimed)
-    assert len(tasks) == len(shown) and set(tasks.values()) == {1}
-    assert sum(len(r.access_errors) for r in results) == gaps
-    for result in results:
-        assert result.item_errors == []
-        assert result.reconciliation is not None and result.reconciliation.clean
 
 
 @pytest.mark.anyio
@@ -167,11 +142,12 @@ async def test_mail_arriving_between_pages_of_a_scan_is_recorded_exactly_once(
 ) -> None:
     box.deliver(9)
     arriving = box.channel(after_page=lambda n: box.deliver(2) if n <= 3 else None)
-    results = await _runs(station_store, data_dir, workspace, [arriving, box.channel()])
+    results = await coverage.runs(station_store, data_dir, workspace, [arriving, box.channel()])
     _check("mail arriving mid-scan", box, results)
 
 
 @pytest.mark.anyio
+@pytest.mark.parametrize("box", ["google"], indirect=True)  # Gmail's history expires
 async def test_history_expired_mid_scan_and_between_runs_is_recorded_exactly_once(
     station_store: EmbeddedStore,
     data_dir: workspaces.DataDir,
@@ -179,10 +155,8 @@ async def test_history_expired_mid_scan_and_between_runs_is_recorded_exactly_onc
     box: Mailbox,
     admin: MockAdmin,
 ) -> None:
-    if box.kind != "google":
-        pytest.skip("Graph's cursor is a receivedDateTime, which nothing expires")
     box.deliver(6)
-    first = await _runs(station_store, data_dir, workspace, [box.channel()])
+    first = await coverage.runs(station_store, data_dir, workspace, [box.channel()])
     box.deliver(6)
 
     def expire(page: int) -> None:
@@ -190,12 +164,12 @@ async def test_history_expired_mid_scan_and_between_runs_is_recorded_exactly_onc
             admin.faults(expire_history=box.address)
             box.deliver(2)
 
-    results = first + await _runs(
+    results = first + await coverage.runs(
         station_store, data_dir, workspace, [box.channel(after_page=expire)]
     )
     admin.faults(expire_history=box.address)
     box.deliver(3)
-    results += await _runs(station_store, data_dir, workspace, [box.channel()])
+    results += await coverage.runs(station_store, data_dir, workspace, [box.channel()])
     _check("history expired mid-scan and between runs", box, results)
 
 
@@ -218,11 +192,11 @@ async def test_a_storm_of_throttling_and_unavailable_answers_loses_and_doubles_n
         results: list[intake.RunResult] = []
         for _ in range(2):  # a storm over each of two runs
             admin.faults(errors=storm)
-            results += await _runs(station_store, data_dir, workspace, [box.channel()])
+            results += await coverage.runs(station_store, data_dir, workspace, [box.channel()])
             met.append(9 - int(admin.call("GET", "/_admin/faults")["errors"][0]["count"]))
         admin.faults(errors=[])
         # Whatever the storms left unread, the next run reads, once.
-        results += await _runs(station_store, data_dir, workspace, [box.channel()])
+        results += await coverage.runs(station_store, data_dir, workspace, [box.channel()])
     finally:
         stamina.set_testing(True, attempts=1)
     gaps = sum(len(r.access_errors) for r in results)

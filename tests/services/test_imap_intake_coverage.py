@@ -8,7 +8,6 @@ recorded (one claimed occurrence per message, clean reconciliations) and reports
 from __future__ import annotations
 
 import itertools
-from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -26,7 +25,8 @@ from agent.testing.contexts import context_yaml
 from agent.testing.providers import raw_message
 from fixtures.dovecot import Dovecot
 from fixtures.imap_proxy import ImapProxy
-from tests.conftest import REPORTED, run_intake, session_dovecot
+from tests.conftest import session_dovecot
+from tests.services import coverage
 
 MAILBOX = "support@fabrikam.test"
 PASSWORD = "coverage-pw"
@@ -100,43 +100,15 @@ def workspace(
     ).workspace_id
 
 
-async def _runs(
-    store: EmbeddedStore,
-    data_dir: workspaces.DataDir,
-    workspace: str,
-    channels: list[ImapSmtpProvider],
-) -> list[intake.RunResult]:
-    clock = FrozenClock()
-    results: list[intake.RunResult] = []
-    for channel in channels:
-        results.append(await run_intake(store, data_dir, workspace, clock, channel))
-        await channel.aclose()
-    return results
-
-
 def _check(name: str, box: Mailbox, results: list[intake.RunResult], gaps: int = 0) -> None:
-    """Every message the server shows was claimed once, into a task of its own; every run
-    reconciled clean; ``gaps`` runs met a mailbox they could not read."""
-    shown = box.shown()
-    claimed = Counter(
-        item.item_ref for r in results for item in r.items if item.claim is ClaimOutcome.CLAIMED
+    coverage.check(
+        f"imap intake coverage {name}",
+        box.shown(),
+        box.delivered,
+        results,
+        gaps,
+        shows="server_shows",
     )
-    tasks = Counter(
-        item.task_id for r in results for item in r.items if item.claim is ClaimOutcome.CLAIMED
-    )
-    REPORTED[f"imap intake coverage {name}"] = {
-        "server_shows": len(shown),
-        "claimed": sum(claimed.values()),
-        "items_seen": sum(len(r.items) for r in results),
-        "runs": len(results),
-    }
-    assert len(shown) == box.delivered, "the server lost or doubled mail"
-    assert sum(claimed.values()) == len(shown), (len(shown), claimed)
-    assert len(tasks) == len(shown) and set(tasks.values()) == {1}
-    assert sum(len(r.access_errors) for r in results) == gaps
-    for result in results:
-        assert result.item_errors == []
-        assert result.reconciliation is not None and result.reconciliation.clean
 
 
 @pytest.mark.anyio
@@ -145,7 +117,7 @@ async def test_mail_arriving_between_pages_of_a_scan_is_recorded_exactly_once(
 ) -> None:
     box.deliver(9)
     arriving = box.channel(after_page=lambda n: box.deliver(2) if n <= 2 else None)
-    results = await _runs(station_store, data_dir, workspace, [arriving, box.channel()])
+    results = await coverage.runs(station_store, data_dir, workspace, [arriving, box.channel()])
     _check("mail arriving mid-scan", box, results)
 
 
@@ -160,10 +132,10 @@ async def test_an_inbox_rebuilt_mid_scan_and_between_runs_is_recorded_exactly_on
             box.dovecot.change_uidvalidity(box.user)
 
     first = box.channel(after_page=rebuild)
-    results = await _runs(station_store, data_dir, workspace, [first])
+    results = await coverage.runs(station_store, data_dir, workspace, [first])
     box.dovecot.change_uidvalidity(box.user)
     box.deliver(3)
-    results += await _runs(station_store, data_dir, workspace, [box.channel()])
+    results += await coverage.runs(station_store, data_dir, workspace, [box.channel()])
     _check("UIDVALIDITY changed", box, results)
 
 
@@ -178,7 +150,7 @@ async def test_a_server_restarted_mid_scan_leaves_every_message_recorded_exactly
             box.dovecot.restart()
             box.deliver(2)
 
-    results = await _runs(
+    results = await coverage.runs(
         station_store, data_dir, workspace, [box.channel(after_page=restart), box.channel()]
     )
     _check("server restarted mid-scan", box, results)
@@ -190,7 +162,7 @@ async def test_a_refused_login_a_cut_fetch_and_garbage_are_access_gaps_that_lose
 ) -> None:
     box.deliver(10)
     wrong = ImapSmtpProvider(box.server(), MAILBOX, Secret("not-the-password"), page_size=4)
-    results = await _runs(station_store, data_dir, workspace, [wrong])
+    results = await coverage.runs(station_store, data_dir, workspace, [wrong])
     [refused] = results[0].access_errors
     assert MAILBOX in refused and "outloop vault set" in refused
     assert "not-the-password" not in refused
@@ -212,12 +184,12 @@ async def test_a_refused_login_a_cut_fetch_and_garbage_are_access_gaps_that_lose
                 proxy.cut_fetch(after=500)
 
         cut = Interrupting(through, Secret(PASSWORD), cut_second_page)
-        results += await _runs(station_store, data_dir, workspace, [cut])
+        results += await coverage.runs(station_store, data_dir, workspace, [cut])
         assert len(results[-1].access_errors) == 1 and "dropped" in results[-1].access_errors[0]
         proxy.garble_fetch()
-        results += await _runs(station_store, data_dir, workspace, [channel()])
+        results += await coverage.runs(station_store, data_dir, workspace, [channel()])
         assert "not IMAP" in results[-1].access_errors[0]
-        results += await _runs(station_store, data_dir, workspace, [channel()])
+        results += await coverage.runs(station_store, data_dir, workspace, [channel()])
         assert results[-1].access_errors == []
     assert proxy.fired == ["cut a FETCH after 500 bytes", "garbled a FETCH"]
     _check("refused login, cut FETCH, garbage", box, results, gaps=3)
@@ -236,7 +208,7 @@ async def test_messages_stamped_in_the_same_second_are_taken_in_uid_order(
     follow_up = raw_message(2, in_reply_to="<c1@contoso.test>")
     box.dovecot.append_raw(box.user, PASSWORD, "INBOX", stamp + follow_up)
     box.delivered = 10
-    [result] = await _runs(station_store, data_dir, workspace, [box.channel()])
+    [result] = await coverage.runs(station_store, data_dir, workspace, [box.channel()])
     assert [i.claim for i in result.items] == [ClaimOutcome.CLAIMED] * 10
     assert result.reconciliation is not None and result.reconciliation.clean
     subjects = sorted(t.original_subject for t in station_store.list_tasks(workspace))
