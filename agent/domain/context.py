@@ -136,6 +136,11 @@ class MailServer(_Model):
 
 def _https_or_loopback(url: str) -> str:
     parsed = urlsplit(url)
+    if parsed.username or parsed.password or parsed.query or parsed.fragment:
+        raise ValueError(
+            f"{parsed.scheme}://{parsed.hostname}...: an API or token endpoint is a plain URL "
+            "(no user, password, query or fragment; secrets live in the vault)"
+        )
     host = (parsed.hostname or "").lower()
     if parsed.scheme == "https" and host:
         return url

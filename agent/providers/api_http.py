@@ -121,7 +121,16 @@ class ApiClient:
         self, method: str, path: str, **kwargs: Any
     ) -> Any:  # the JSON body; the adapter validates it with its shapes
         response = await self.call(method, path, **kwargs)
-        return response.json() if response.content else None
+        try:
+            return response.json() if response.content else None
+        except ValueError:
+            said = (
+                f"mailbox {self.mailbox_id}: the provider answered {response.status_code} with a "
+                "body that is not JSON"
+            )
+            if kwargs.get("once"):
+                raise OutcomeUnknown(f"{said}; the send may have been taken") from None
+            raise ProviderError(said) from None
 
     async def aclose(self) -> None:
         await self._http.aclose()
@@ -141,6 +150,11 @@ class ApiClient:
             raise TransientFailure(
                 f"mailbox {self.mailbox_id}: the provider could not be reached "
                 f"({type(exc).__name__}); the call is tried again"
+            ) from None
+        except httpx.HTTPError as exc:  # an answer the client cannot read (decoding, redirects)
+            raise ProviderError(
+                f"mailbox {self.mailbox_id}: the provider's answer could not be read "
+                f"({type(exc).__name__})"
             ) from None
         return self._checked(response, once=False)
 
@@ -163,6 +177,11 @@ class ApiClient:
             raise OutcomeUnknown(
                 f"mailbox {self.mailbox_id}: the connection was lost after the request was "
                 f"sent ({type(exc).__name__}); it may have been taken"
+            ) from None
+        except httpx.HTTPError as exc:  # an answer the client cannot read: it was sent
+            raise OutcomeUnknown(
+                f"mailbox {self.mailbox_id}: the provider's answer could not be read "
+                f"({type(exc).__name__}); it may have been taken"
             ) from None
         except (AuthenticationExpired, Throttled, TransientFailure) as exc:
             # The credential failed to sign the request (its refresh was refused or could

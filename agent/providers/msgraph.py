@@ -35,30 +35,30 @@ sharing the boundary second are neither read twice nor lost; a message moved out
 inbox shifts no position. A position in time never expires: only a cursor that is not this
 channel's is refused (``CursorExpired``).
 
-Sending: a reply is a draft made by ``createReply`` on the message it answers (found by its
-internetMessageId), so Graph puts it in the parent's conversation with In-Reply-To and
-References set; a new message is a draft made by ``POST messages``.
-``createReply`` fills in recipients of its own (the parent's sender, or its Reply-To):
-``PATCH`` sets the subject, the body, To and Cc to the plan's and Bcc and Reply-To to none,
-and the lists the draft then holds, as Graph answers them, are the handover's ``recipients``,
-which the core checks against the plan. Files are added to the draft one request each
-(``POST attachments``: a 429 attached nothing and is asked again, a lost answer is not, so
-no file is attached twice). ``send`` reads the draft back - one changed since the check is
-not sent, one gone or sent already is settled from its copy - and posts it (202, no body).
+Sending. ``prepare`` writes nothing: it plans the draft's properties and hands over the
+lists Graph will send it to (To and Cc as planned, Bcc and Reply-To none), which the core
+checks against the plan, and the marker, our Message-ID. ``send`` then makes the draft: a
+reply by ``createReply`` on the message it answers (found by its internetMessageId), so
+Graph puts it in the parent's conversation with In-Reply-To and References; a new message by
+``POST messages``. ``createReply`` fills in recipients of its own (the parent's sender, or
+its Reply-To): ``PATCH`` sets the subject, the body, To and Cc to the plan's, Bcc and
+Reply-To to none, and ``internetMessageId`` to our Message-ID, which Graph lets a draft set
+(message-update: "Updatable only if isDraft = true") and keeps through the send. The lists
+the draft then holds, as Graph answers them, must be the handover's, else nothing is sent.
+Files are added one request each. A create is made once (repeated after a lost answer, it
+would make two drafts). A draft an earlier attempt left unsent is found by our Message-ID
+and used again, unless the message has files (which would need checking one by one: a new
+draft is made, and the old one is left in Drafts). A message whose copy is in Sent Items
+already is not sent again: the send is settled from that copy. The draft is posted with
+``/send`` (202, no body); any failure before that post handed nothing over.
 
-The marker is the draft's immutable id (``NATIVE``): the copy in Sent Items has it, so a send
-whose answer was lost is settled by reading that id. It is the only marker. Exchange gives a
-message made from JSON a Message-ID of its own (our Message-ID never survives: the sent copy
-carries Exchange's, which the send's result reports), and custom ``x-`` headers are taken
-when a message is made but cannot be relied on when it is read back. The marker must be
-recorded before the handover, and the id exists once the draft does, so ``prepare`` makes
-the draft (it sends nothing); a prepare whose handover is never sent leaves its draft unsent
-in Drafts. A MIME send (``sendMail``, or a draft made from base64 MIME) is not used: that it
-keeps our Message-ID is not documented (nor is MIME taken by the mock the tests run on),
-``sendMail`` answers with no id, and its thread is Exchange's guess from the subject, not
-``createReply``'s link to the parent. So where the core finds mail by our Message-ID (an
-approver's reply to an approval request, a read-back's message id), a send through this
-channel is known by the Message-ID its result and its sent copy report instead.
+The marker is our Message-ID (``MESSAGE_ID``), looked up in Sent Items by
+``internetMessageId``. Custom ``x-`` headers are taken when a message is made but cannot be
+relied on when it is read back. A MIME send (``sendMail``, or a draft made from base64 MIME)
+is not used: ``sendMail`` answers with no id, its thread is Exchange's guess from the
+subject rather than ``createReply``'s link to the parent, and the mock the tests run on takes
+JSON only. The draft's immutable id is the send's ``provider_message_id``: the copy in Sent
+Items keeps it.
 """
 
 from __future__ import annotations
@@ -103,7 +103,13 @@ from agent.domain.mail import (
     StoredCopy,
 )
 from agent.providers import mime, rfc822
-from agent.providers.api_http import ApiClient, ApiFailure, gather, oauth_api_client
+from agent.providers.api_http import (
+    ApiClient,
+    ApiFailure,
+    before_handover,
+    gather,
+    oauth_api_client,
+)
 from agent.providers.oauth import SecretReader, SecretWriter
 from agent.providers.retry import with_retries
 from agent.providers.shapes import (
@@ -118,7 +124,7 @@ from agent.providers.shapes import (
 PROVIDER = "microsoft"
 CHANNEL = Channel.API
 BASE_URL = "https://graph.microsoft.com/v1.0"
-MARKERS = (MarkerKind.NATIVE, MarkerKind.MESSAGE_ID)
+MARKERS = (MarkerKind.MESSAGE_ID,)
 """What marks our copy in Sent Items: the immutable id of the draft it was sent from."""
 PAGE_SIZE = 100
 LARGEST_TOP = 1000
@@ -467,47 +473,42 @@ class GraphMailProvider:
     # -- sending -------------------------------------------------------------------------
 
     async def prepare(self, message: OutgoingMessage) -> Handover:
-        """The draft of ``message`` in the mailbox, as Graph holds it (nothing is sent).
-
-        A message is known by its Message-ID, which the draft carries: a draft of it left
-        unsent by an earlier prepare is made as planned again and used, not a second one;
-        one already sent is handed over as its sent copy (the core's ledger then knows it
-        went out), and no draft is made."""
+        """The form ``message`` is handed over in: the lists Graph will send it to (To and
+        Cc as planned, Bcc and Reply-To none) and its marker, our Message-ID, which the draft
+        carries. Nothing is written: the draft is made by ``send``, so a prepare whose
+        handover is never sent leaves nothing in the mailbox."""
         plan = _plan(message)
-        ours = await self._ours(message.internet_message_id)
-        sent = [m for m in ours if m.is_draft is False]
-        if sent:
-            return self._handover(message, sent[0])
-        drafts = [m for m in ours if m.is_draft is True]
-        parent = await self._parent(message) if message.in_reply_to is not None else None
-        if drafts:
-            try:
-                draft = await self._drafted("PATCH", self._item(drafts[0].id), plan)
-            except NotFound:
-                # Sent (or being sent) by another worker since it was listed: handed over as
-                # it was, its send goes no further than settling from its copy.
-                return self._handover(message, drafts[0])
-        elif parent is None:
-            draft = await self._drafted("POST", f"{self._root}/messages", plan)
-        else:
-            made = await self._drafted("POST", f"{self._item(parent.id)}/createReply", None)
-            draft = await self._drafted("PATCH", self._item(made.id), plan)
-            if draft.id != made.id:
-                raise self._unlike(draft, f"PATCH answered for another draft than {made.id}")
-        if not drafts or not drafts[0].has_attachments:
-            await self._attach(draft.id, message.attachments)
-        self._check_draft(draft, message, parent)
-        return self._handover(message, draft)
-
-    def _handover(self, message: OutgoingMessage, draft: GraphDraft) -> Handover:
-        kind = self._markers[0]
-        value = draft.id if kind is MarkerKind.NATIVE else message.internet_message_id
+        if message.in_reply_to is not None:
+            await self._parent(message)  # a reply to a message not in the mailbox is refused
         return Handover(
             message=message,
             channel=CHANNEL.value,
-            recipients=_lists(draft),
-            marker=Marker(kind=kind, value=value),
+            recipients=_planned_lists(plan),
+            marker=Marker(kind=MarkerKind.MESSAGE_ID, value=message.internet_message_id),
         )
+
+    async def _draft_for(self, message: OutgoingMessage, handover: Handover) -> GraphDraft:
+        """The draft of ``message``, as planned and holding exactly the handover's lists: the
+        one an earlier attempt left unsent (a message without files), else a new one."""
+        plan = _plan(message)
+        ours = [m for m in await self._ours(message.internet_message_id) if m.is_draft is True]
+        parent = await self._parent(message) if message.in_reply_to is not None else None
+        if ours and not message.attachments:
+            draft = await self._drafted("PATCH", self._item(ours[0].id), plan)
+        elif parent is None:
+            draft = await self._drafted("POST", f"{self._root}/messages", plan, once=True)
+        else:
+            made = await self._drafted(
+                "POST", f"{self._item(parent.id)}/createReply", None, once=True
+            )
+            draft = await self._drafted("PATCH", self._item(made.id), plan)
+            if draft.id != made.id:
+                raise self._unlike(draft, f"PATCH answered for another draft than {made.id}")
+        await self._attach(draft.id, message.attachments)
+        self._check_draft(draft, message, parent)
+        if _planned_lists(_as_plan(draft)) != handover.recipients:
+            raise self._unlike(draft, "its recipients are not the ones checked")
+        return draft
 
     async def _ours(self, internet_message_id: str) -> list[GraphDraft]:
         """Every message of the mailbox carrying our Message-ID (drafts and sent copies)."""
@@ -533,9 +534,13 @@ class GraphMailProvider:
             f"mailbox {self._mailbox_id} holds no message {wanted} to reply to; nothing was written"
         )
 
-    async def _drafted(self, method: str, path: str, body: dict[str, Any] | None) -> GraphDraft:
-        """The draft a create, createReply or PATCH answered with, its id immutable."""
-        draft, response = await self._read(GraphDraft, method, path, json=body)
+    async def _drafted(
+        self, method: str, path: str, body: dict[str, Any] | None, *, once: bool = False
+    ) -> GraphDraft:
+        """The draft a create, createReply or PATCH answered with, its id immutable (a
+        create is made ``once``: repeated after a lost answer, it would make two)."""
+        response = await self._request(method, path, json=body, once=once)
+        draft = self._shaped(GraphDraft, response)
         applied = response.headers.get("preference-applied", "")
         if "immutableid" not in applied.replace(" ", "").lower():
             raise self._unlike(
@@ -584,69 +589,30 @@ class GraphMailProvider:
         )
 
     async def send(self, handover: Handover) -> SendResult:
-        marker = handover.marker
-        if marker is None or handover.recipients is None:
-            raise ProviderError("a Graph send hands over the draft its prepare made; prepare it")
+        if handover.recipients is None:
+            raise NotHandedOver("a Graph send hands over what its prepare planned; prepare it")
         message = handover.message
-        draft_id = (
-            marker.value if marker.kind is MarkerKind.NATIVE else await self._draft_of(message)
-        )
-        draft = await self._unsent_draft(draft_id, handover)
-        await self._request("POST", f"{self._item(draft_id)}/send", once=True)
+        mid = message.internet_message_id
+        try:
+            filed = await self._sent_copy(Marker(kind=MarkerKind.MESSAGE_ID, value=mid))
+            draft = None if filed is not None else await self._draft_for(message, handover)
+        except ProviderError as exc:  # nothing was sent: at most a draft was written
+            raise before_handover(exc) from None
+        if draft is None:
+            raise OutcomeUnknown(
+                f"mailbox {self._mailbox_id}: {mid} is in Sent Items already; the send is "
+                "settled from that copy"
+            )
+        await self._request("POST", f"{self._item(draft.id)}/send", once=True)
         return SendResult(
-            provider_message_id=draft_id,
+            provider_message_id=draft.id,
             provider_thread_id=message.provider_thread_id
-            or _thread(message.references, message.in_reply_to, message.internet_message_id),
-            internet_message_id=draft.internet_message_id or message.internet_message_id,
+            or _thread(message.references, message.in_reply_to, mid),
+            internet_message_id=draft.internet_message_id or mid,
             channel=CHANNEL.value,
             delivered=True,
             accepted_at=datetime.now(UTC),
         )
-
-    async def _draft_of(self, message: OutgoingMessage) -> str:
-        """The unsent draft carrying the message's Message-ID (its prepare made it)."""
-        try:
-            ours = await self._ours(message.internet_message_id)
-        except (TransientFailure, Throttled) as exc:
-            raise NotHandedOver(
-                f"mailbox {self._mailbox_id}: the draft could not be found before it was sent "
-                f"({exc}); nothing was sent"
-            ) from None
-        drafts = [m.id for m in ours if m.is_draft is True]
-        if drafts:
-            return drafts[0]
-        raise OutcomeUnknown(
-            f"mailbox {self._mailbox_id}: no unsent draft of {message.internet_message_id} is "
-            "in the mailbox: it may have been sent already, and the send is settled from its copy"
-        )
-
-    async def _unsent_draft(self, draft_id: str, handover: Handover) -> GraphDraft:
-        """The draft, still unsent and holding the recipients the core checked."""
-        try:
-            draft, _ = await self._read(
-                GraphDraft, "GET", self._item(draft_id), params={"$select": DRAFT}
-            )
-        except NotFound:
-            raise OutcomeUnknown(
-                f"mailbox {self._mailbox_id}: draft {draft_id} is no longer in the mailbox: it "
-                "may have been sent already, and the send is settled from its copy"
-            ) from None
-        except (TransientFailure, Throttled) as exc:
-            raise NotHandedOver(
-                f"mailbox {self._mailbox_id}: draft {draft_id} could not be read before it was "
-                f"sent ({exc}); nothing was sent"
-            ) from None
-        if draft.is_draft is not True:
-            raise OutcomeUnknown(
-                f"mailbox {self._mailbox_id}: draft {draft_id} was sent already; the send is "
-                "settled from its copy"
-            )
-        if _lists(draft) != handover.recipients:
-            raise NotHandedOver(
-                f"mailbox {self._mailbox_id}: draft {draft_id} was changed since it was "
-                "checked (its recipients differ); nothing was sent"
-            )
-        return draft
 
     async def find_sent(self, marker: Marker) -> StoredCopy | None:
         if marker.kind not in self._markers:
@@ -667,16 +633,7 @@ class GraphMailProvider:
         )
 
     async def _sent_copy(self, marker: Marker) -> GraphMessage | None:
-        """The sent message ``marker`` names: the draft's immutable id, once it is no longer
-        a draft, or the message with our Message-ID in Sent Items."""
-        if marker.kind is MarkerKind.NATIVE:
-            found, _ = await self._read(
-                GraphMessage,
-                "GET",
-                self._item(marker.value),
-                params={"$select": "id,conversationId,isDraft"},
-            )
-            return found if found.is_draft is False else None
+        """The message with our Message-ID ``marker`` names in Sent Items, if any."""
         params = {"$filter": _id_filter(marker.value), "$select": PARENT, "$top": "50"}
         listed, _ = await self._read(
             GraphMessageCollection,
@@ -768,18 +725,29 @@ def _recipients(addresses: Sequence[Address]) -> list[dict[str, Any]]:
     ]
 
 
+def _planned_lists(plan: dict[str, Any]) -> tuple[tuple[str, tuple[str, ...]], ...]:
+    """The lists a draft with the plan's properties is sent to, as the core checks them."""
+    names = (("to", "toRecipients"), ("cc", "ccRecipients"), ("bcc", "bccRecipients"))
+    lists = [
+        (name, tuple(str(p["emailAddress"]["address"]) for p in plan[field]))
+        for name, field in names
+    ]
+    return (*lists, ("reply-to", tuple(str(p["emailAddress"]["address"]) for p in plan["replyTo"])))
+
+
+def _as_plan(draft: GraphDraft) -> dict[str, Any]:
+    """A draft's recipient lists in the shape of a plan."""
+
+    def people(found: Sequence[GraphRecipient]) -> list[dict[str, Any]]:
+        return [{"emailAddress": {"address": a}} for a in _addresses(found)]
+
+    return {
+        "toRecipients": people(draft.to_recipients),
+        "ccRecipients": people(draft.cc_recipients),
+        "bccRecipients": people(draft.bcc_recipients),
+        "replyTo": people(draft.reply_to),
+    }
+
+
 def _addresses(people: Sequence[GraphRecipient]) -> tuple[str, ...]:
     return tuple(p.email_address.address or "" for p in people)
-
-
-def _lists(draft: GraphDraft) -> tuple[tuple[str, tuple[str, ...]], ...]:
-    """Every address list the draft would be sent with, as Graph holds them: what the core
-    checks against the plan (the sender too, where Graph names it on the draft)."""
-    lists = (
-        ("to", _addresses(draft.to_recipients)),
-        ("cc", _addresses(draft.cc_recipients)),
-        ("bcc", _addresses(draft.bcc_recipients)),
-        ("reply-to", _addresses(draft.reply_to)),
-    )
-    sender = draft.from_
-    return lists if sender is None else (*lists, ("from", _addresses([sender])))

@@ -199,11 +199,16 @@ class OAuthCredential(httpx.Auth):
                 f"mailbox {self._mailbox}: the OAuth token endpoint failed ({status}); it is "
                 "tried again on the next call"
             )
+        error = failure.error[:60]
+        said = " ".join(failure.error_description.split())[:200]
         what = {
             "invalid_grant": "its refresh token was refused (expired or revoked)",
             "invalid_client": "its OAuth client id or secret was refused",
-        }.get(failure.error, f"the token endpoint refused the refresh ({failure.error})")
+        }.get(error, f"the token endpoint refused the refresh ({error})")
+        fix = f"connected again with '{self._reconnect}'"
+        if error in {"invalid_request", "invalid_scope", "unauthorized_client"}:
+            fix = "the mailbox's api block (tenant, token_url, scopes) is fixed in its context"
         return AuthenticationExpired(
-            f"mailbox {self._mailbox}: {what}; nothing is read or sent through it until it is "
-            f"connected again with '{self._reconnect}'"
+            f"mailbox {self._mailbox}: {what}{f': {said}' if said else ''}; nothing is read or "
+            f"sent through it until {fix}"
         )

@@ -218,3 +218,28 @@ def test_retry_after_reads_seconds_and_http_dates_and_ignores_garbage() -> None:
     assert waited is not None and 80 <= waited <= 91
     assert retry_after(format_datetime(datetime(2000, 1, 1, tzinfo=UTC), usegmt=True)) == 0.0
     assert retry_after("soon") is None and retry_after(None) is None and retry_after("") is None
+
+
+@pytest.mark.anyio
+async def test_an_answer_that_is_not_json_is_a_provider_error_and_after_a_send_unknown() -> None:
+    handler, _ = _answering(httpx.Response(200, text="<html>a proxy's sign-in page</html>"))
+    client = _client(handler)
+    with pytest.raises(ProviderError, match="not JSON") as read:
+        await client.json("GET", "users/me/profile")
+    assert not isinstance(read.value, OutcomeUnknown)
+    with pytest.raises(OutcomeUnknown, match="not JSON"):
+        await client.json("POST", "messages/send", json={}, once=True)
+    await client.aclose()
+
+
+@pytest.mark.anyio
+async def test_an_answer_the_client_cannot_decode_is_a_provider_error_not_a_crash() -> None:
+    def garbled(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, headers={"Content-Encoding": "gzip"}, content=b"not gzip")
+
+    client = _client(garbled)
+    with pytest.raises(ProviderError, match="could not be read"):
+        await client.json("GET", "users/me/profile")
+    with pytest.raises(OutcomeUnknown, match="could not be read"):
+        await client.json("POST", "messages/send", json={}, once=True)
+    await client.aclose()

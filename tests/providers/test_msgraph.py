@@ -34,10 +34,9 @@ from agent.domain.errors import (
     OutcomeUnknown,
     ProviderError,
     Throttled,
-    TransientFailure,
 )
 from agent.domain.handover import check_handover
-from agent.domain.mail import Handover, MarkerKind, OutgoingMessage
+from agent.domain.mail import Handover, Marker, MarkerKind, OutgoingMessage
 from agent.domain.secrets import Secret
 from agent.providers.api_http import ApiClient, oauth_api_client
 from agent.providers.msgraph import (
@@ -47,6 +46,7 @@ from agent.providers.msgraph import (
     read_error,
     token_url,
 )
+from agent.providers.shapes import GraphDraft
 from agent.testing.channel_contract import ChannelLifecycleContract
 from agent.testing.providers import (
     CLIENT,
@@ -160,18 +160,17 @@ class GraphAccount:
 
 
 class _Recording(GraphMailProvider):
-    """The adapter, noting the draft each prepare made for a Message-ID (the tests count
-    sent copies by them: Exchange gives each copy a Message-ID of its own)."""
+    """The adapter, noting the draft each send made for a Message-ID (the tests count sent
+    copies by them, the delayed ones too, which the mock lists by id only)."""
 
     def __init__(self, drafts: dict[str, list[str]], *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._drafts = drafts
 
-    async def prepare(self, message: OutgoingMessage) -> Handover:
-        handover = await super().prepare(message)
-        assert handover.marker is not None
-        self._drafts.setdefault(message.internet_message_id, []).append(handover.marker.value)
-        return handover
+    async def _draft_for(self, message: OutgoingMessage, handover: Handover) -> GraphDraft:
+        draft = await super()._draft_for(message, handover)
+        self._drafts.setdefault(message.internet_message_id, []).append(draft.id)
+        return draft
 
 
 _private: MockServer | None = None
@@ -465,9 +464,11 @@ class TestGraphOnly:
         handover, result = await sent(provider, message)
         assert recorder.graph()
         assert all(r.headers.get("prefer") == 'IdType="ImmutableId"' for r in recorder.graph())
-        assert handover.marker is not None and handover.marker.kind is MarkerKind.NATIVE
+        assert handover.marker == Marker(
+            kind=MarkerKind.MESSAGE_ID, value=message.internet_message_id
+        )
         [copy] = self.account.stored("sent")
-        assert copy["id"] == handover.marker.value == result.provider_message_id
+        assert copy["id"] == result.provider_message_id  # the draft's id, kept in Sent Items
         assert self.account.stored("drafts") == []
 
     @pytest.mark.anyio
@@ -476,18 +477,17 @@ class TestGraphOnly:
         provider = self.build(transport=recorder)
         _, message = await self.parent_and_reply(provider, _parent_with_reply_to())
         handover = await provider.prepare(message)
-        [(_, made)] = [(r, b) for r, b in recorder.answers if r.url.path.endswith("/createReply")]
-        prefilled = [p["emailAddress"]["address"] for p in json.loads(made)["toRecipients"]]
-        assert prefilled == ["billing@contoso.test"]  # what createReply addressed it to
         assert handover.recipients == (
             ("to", (CLIENT,)),
             ("cc", (COLLEAGUE,)),
             ("bcc", ()),
             ("reply-to", ()),
-            ("from", (self.account.address,)),
         )
         assert check_handover(handover) == ()
         await provider.send(handover)
+        [(_, made)] = [(r, b) for r, b in recorder.answers if r.url.path.endswith("/createReply")]
+        prefilled = [p["emailAddress"]["address"] for p in json.loads(made)["toRecipients"]]
+        assert prefilled == ["billing@contoso.test"]  # what createReply addressed it to
         [copy] = self.account.stored("sent")
         headers = {name.lower(): value for name, value in copy["headers"]}
         assert (headers["to"], headers["cc"]) == (CLIENT, COLLEAGUE)
@@ -538,20 +538,17 @@ class TestGraphOnly:
         assert "Attached." in copy.text
 
     @pytest.mark.anyio
-    async def test_a_draft_changed_after_its_check_is_not_sent(self) -> None:
+    async def test_a_draft_whose_lists_are_not_the_checked_ones_is_not_sent(self) -> None:
         provider = self.build()
         _, message = await self.parent_and_reply(provider)
         handover = await provider.prepare(message)
-        assert handover.marker is not None
-        client = self.account.client()
-        await client.call(
-            "PATCH",
-            f"me/messages/{handover.marker.value}",
-            json={"bccRecipients": [{"emailAddress": {"address": "eve@contoso.test"}}]},
+        assert handover.recipients is not None
+        other = tuple(
+            (name, (*found, "eve@contoso.test") if name == "bcc" else found)
+            for name, found in handover.recipients
         )
-        await client.aclose()
-        with pytest.raises(NotHandedOver):
-            await provider.send(handover)
+        with pytest.raises(NotHandedOver, match="recipients are not the ones checked"):
+            await provider.send(handover.model_copy(update={"recipients": other}))
         assert self.account.stored("sent") == []
 
     @pytest.mark.anyio
@@ -588,8 +585,7 @@ class TestGraphOnly:
         provider = self.build()
         _, message = await self.parent_and_reply(provider)
         handover = await provider.prepare(message)
-        assert handover.marker is not None
-        path = f"/graph/v1.0/me/messages/{handover.marker.value}/send"
+        path = "/graph/v1.0/me/mailFolders/sentitems"  # the send's first request
         self.admin.faults(
             errors=[{"status": 429, "count": 1, "retry_after": 5, "path_prefix": path}]
         )
@@ -597,34 +593,24 @@ class TestGraphOnly:
             await provider.send(handover)
         assert isinstance(refused.value, Throttled) and refused.value.retry_after == 5
         assert self.account.stored("sent") == []
-        await provider.send(handover)  # the draft is still there, unsent: it goes now
+        await provider.send(handover)  # nothing went out: it goes now, once
         assert len(self.account.stored("sent")) == 1
+        assert self.account.stored("drafts") == []
 
     @pytest.mark.anyio
-    async def test_a_file_is_attached_once_and_the_draft_a_lost_answer_left_is_the_one_sent(
-        self,
-    ) -> None:
+    async def test_a_file_whose_attaching_failed_is_sent_once_in_a_new_draft(self) -> None:
         provider = self.build()
         message = self.new_message(2, attachments=(attachment(*FILES[0]),))
+        handover = await provider.prepare(message)
         files = "/graph/v1.0/me/messages/"  # the draft's own paths: its attachments
         self.admin.faults(errors=[{"status": 503, "count": 1, "path_prefix": files}])
-        with pytest.raises(TransientFailure) as lost:
-            await provider.prepare(message)
-        assert not isinstance(lost.value, OutcomeUnknown)  # nothing was sent
-        assert "left unsent" in str(lost.value)
-        stamina.set_testing(True, attempts=2)
-        try:
-            self.admin.faults(
-                errors=[{"status": 429, "count": 1, "retry_after": 1, "path_prefix": files}]
-            )
-            handover = await provider.prepare(message)  # the 429 attached nothing: asked again
-        finally:
-            stamina.set_testing(True)
+        with pytest.raises(NotHandedOver, match="left unsent"):
+            await provider.send(handover)
+        assert self.account.stored("sent") == []
         await provider.send(handover)
         [copy] = self.account.stored("sent")
         stored = base64.b64decode(copy["raw_base64"])
         assert stored.count(b'filename="invoice.pdf"') == 1
-        assert self.account.stored("drafts") == []  # the draft the lost answer left was sent
 
     # -- throttling and failures -----------------------------------------------------------
 
@@ -711,11 +697,15 @@ class TestGraphOnly:
 
     @pytest.mark.anyio
     async def test_a_graph_that_does_not_apply_immutable_ids_gets_no_draft_sent(self) -> None:
+        sent_posts: list[str] = []
+
         def answer(request: httpx.Request) -> httpx.Response:
             if request.url.path.endswith("/token"):
                 return httpx.Response(200, json={"access_token": "a", "expires_in": 3600})
             if request.method == "GET":
                 return httpx.Response(200, json={"value": []})  # no message of ours yet
+            if request.url.path.endswith("/send"):
+                sent_posts.append(request.url.path)
             draft = {
                 "id": "AAMkAGrest",
                 "isDraft": True,
@@ -725,24 +715,23 @@ class TestGraphOnly:
             return httpx.Response(201, json=draft)  # no Preference-Applied
 
         provider = self.build(transport=httpx.MockTransport(answer))
-        message = self.new_message(3)
-        with pytest.raises(ProviderError) as refused:
-            await provider.prepare(message)
-        assert "immutable ids" in str(refused.value)
+        handover = await provider.prepare(self.new_message(3))
+        with pytest.raises(NotHandedOver) as refused:
+            await provider.send(handover)
+        assert "immutable ids" in str(refused.value) and sent_posts == []
 
     @pytest.mark.anyio
-    async def test_preparing_a_message_again_reuses_its_unsent_draft_and_after_the_send_makes_none(
+    async def test_preparing_writes_nothing_and_a_message_in_sent_items_is_not_sent_again(
         self,
     ) -> None:
         provider = self.build()
         message = self.new_message(4)
         first = await provider.prepare(message)
         again = await provider.prepare(message)
-        assert first.marker == again.marker
-        assert len(self.account.stored("drafts")) == 1
+        assert first == again and self.account.stored("drafts") == []
         await provider.send(again)
-        after = await provider.prepare(message)  # a call after the send: its copy, no draft
-        assert after.marker == first.marker
+        with pytest.raises(OutcomeUnknown, match="in Sent Items already"):
+            await provider.send(first)
         assert self.account.stored("drafts") == []
         assert len(self.account.stored("sent")) == 1
 
