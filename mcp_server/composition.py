@@ -225,7 +225,7 @@ class Providers:
         names = (binding.api.client_id, binding.api.client_secret, binding.api.refresh_token)
         for name in names:
             self._secret(workspace_id, binding, name)
-        return _api_adapter(binding.provider)(
+        return api_adapter(binding.provider)(
             binding,
             read=partial(self._secret, workspace_id, binding),
             write=partial(self._store_secret, workspace_id, binding),
@@ -262,7 +262,9 @@ API_PROVIDERS = ("google", "microsoft")
 """The mail systems reached through their own API (Gmail API, Microsoft Graph)."""
 
 
-def _api_adapter(provider: str) -> Callable[..., MailProvider]:
+def api_adapter(provider: str) -> Callable[..., MailProvider]:
+    """The adapter that reaches mail system ``provider`` through its API, called with the
+    binding and ``read``/``write``/``reconnect`` (its OAuth secrets by name)."""
     # Imported when first needed: a station that reaches no API never loads its client.
     from agent.providers import gmail_api, msgraph  # noqa: PLC0415
 

@@ -88,13 +88,13 @@ class Plan:
 def _channel(plan: Plan) -> MailProvider:
     """The sender's channel, built from the binding registered in the run's Workspace
     Context the way the composition root builds it (secrets by name)."""
-    from mcp_server.composition import _api_adapter  # noqa: PLC0415 - the worker's own import
+    from mcp_server.composition import api_adapter  # noqa: PLC0415 - the worker's own import
 
     context, _ = workspaces.read_context_file(Path(plan.root) / "context.yaml")
     [binding] = context.mailboxes
     values = dict(zip(("oauth_client_id", "oauth_client_secret", "oauth_refresh_token"),
                       plan.secrets, strict=True))  # fmt: skip
-    return _api_adapter(plan.kind)(
+    return api_adapter(plan.kind)(
         binding,
         read=lambda name: Secret(values[name]),
         write=lambda name, value: None,  # a rotated token: the old one stays valid

@@ -125,10 +125,22 @@ def test_a_revoked_refresh_token_fails_the_check_naming_what_to_do(
     admin.faults(revoke_tokens=station.address)
     done = station.connect("\n".join(station.values), "--stdin")
     assert done.returncode == 1
-    assert "refresh token was refused" in done.stderr
+    assert "refresh token was refused" in done.stderr and "nothing was stored" in done.stderr
     assert f"outloop connect --workspace {WORKSPACE} --mailbox {station.address}" in done.stderr
+    assert station.stored() == [None, None, None]
     for value in station.values:
         assert value not in done.shown
+
+
+def test_values_that_do_not_sign_in_leave_the_stored_ones_as_they_were(
+    tmp_path: Path, admin: MockAdmin
+) -> None:
+    station = _station(tmp_path, admin, "google")
+    assert station.connect("\n".join(station.values), "--stdin").returncode == 0
+    mistyped = (*station.values[:2], "not-the-refresh-token")
+    done = station.connect("\n".join(mistyped), "--stdin")
+    assert done.returncode == 1 and "nothing was stored" in done.stderr
+    assert station.stored() == list(station.values)
 
 
 def test_without_the_check_the_values_are_stored_and_nothing_is_asked_of_the_provider(

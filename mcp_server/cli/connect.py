@@ -1,5 +1,6 @@
-"""``outloop connect --workspace ID --mailbox M``: store a mailbox's OAuth client and refresh
-token in the vault, and prove them by signing in to the provider's API.
+"""``outloop connect --workspace ID --mailbox M``: prove a mailbox's OAuth client and refresh
+token by signing in to the provider's API, and store them in the vault (values that do not
+sign in never replace the ones stored).
 
 The mailbox must be registered in the workspace's context with the provider ``google`` or
 ``microsoft`` and the ``api`` channel permitted; its ``api`` block names the vault entries
@@ -12,6 +13,7 @@ value comes from for a Google Cloud or Entra ID app registration, and for the lo
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import anyio
@@ -50,8 +52,9 @@ They are stored in the vault as {names}; nothing is echoed or printed."""
     "--check/--no-check",
     default=True,
     show_default=True,
-    help="Sign in to the provider's API with the stored values and read the mailbox's "
-    "profile (a refresh token the provider rotates is stored back).",
+    help="Before storing, sign in to the provider's API with the values and read the "
+    "mailbox's profile; values that do not sign in are not stored (a refresh token the "
+    "provider rotates is what is stored).",
 )
 @data_dir_option
 def connect_command(
@@ -61,7 +64,7 @@ def connect_command(
     check: bool,
     data_dir: Path | None,
 ) -> None:
-    """Store MAILBOX's OAuth client and refresh token for WORKSPACE, then check them.
+    """Check MAILBOX's OAuth client and refresh token for WORKSPACE, then store them.
 
     The mailbox must be in the workspace's registered context, with provider google or
     microsoft and the api channel permitted. Values come from hidden prompts (or --stdin)
@@ -82,16 +85,21 @@ def connect_command(
             ),
             err=True,
         )
-        values = _read_values(from_stdin)
-        try:
+        try:  # a vault that cannot be opened fails before anything is asked
             vault = composition.open_vault(composition.read_settings(data_dir=data_dir))
-            for name, value in zip(names, values, strict=True):
+        except OutloopError as exc:
+            fail(exc)
+        values = dict(zip(names, _read_values(from_stdin), strict=True))
+        if check:
+            # Signed in with the new values held in memory first: values that do not sign in
+            # never replace the ones the vault holds.
+            _check(composition.api_adapter(binding.provider), binding, values, workspace_id)
+        try:
+            for name, value in values.items():
                 vault.set_secret(_ref(workspace_id, binding, name), value)
         except OutloopError as exc:
             fail(exc)
         click.echo(f"stored {', '.join(names)} for {binding.mailbox_id}")
-        if check:
-            _check(station.provider_for(workspace_id, binding))
 
 
 def _api_binding(workspace_id: str, mailbox_id: str, store: Registry) -> MailboxBinding:
@@ -150,7 +158,21 @@ def _prompt(what: str) -> Secret:
     return Secret(value)
 
 
-def _check(channel: MailProvider) -> None:
+def _check(
+    adapter: Callable[..., MailProvider],
+    binding: MailboxBinding,
+    values: dict[str, Secret],
+    workspace_id: str,
+) -> None:
+    """Sign in with ``values`` (a refresh token the provider rotates replaces its entry) and
+    read the mailbox's profile; exit 1 saying what was refused, nothing stored."""
+    channel = adapter(
+        binding,
+        read=values.__getitem__,
+        write=values.__setitem__,
+        reconnect=composition.connect_command(workspace_id, binding.mailbox_id),
+    )
+
     async def health() -> str:
         try:
             result = await channel.health()
@@ -163,6 +185,8 @@ def _check(channel: MailProvider) -> None:
     try:
         detail = anyio.run(health)
     except OutloopError as exc:
-        click.echo(f"error: the stored values did not sign in: {worded(exc)}", err=True)
+        click.echo(
+            f"error: the values did not sign in, and nothing was stored: {worded(exc)}", err=True
+        )
         sys.exit(1)
     click.echo(f"connected: {detail}")

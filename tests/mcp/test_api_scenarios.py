@@ -149,7 +149,7 @@ class ApiStation(OperatorStation):
 
     def connect(self, account: dict[str, Any]) -> None:
         """``outloop connect --workspace WS --mailbox M --stdin``, as the operator runs it,
-        with its default check: the stored values sign in through the adapter."""
+        with its default check: the values sign in through the adapter, then are stored."""
         env: dict[str, str | None] = {k: None for k in os.environ if k.startswith("OUTLOOP_")}
         env["OUTLOOP_VAULT_BACKEND"] = "plain"
         args = ["connect", "--workspace", self.workspace_id, "--mailbox", self.mailbox, "--stdin"]
@@ -158,7 +158,7 @@ class ApiStation(OperatorStation):
             outloop, [*args, "--data-dir", str(self.data_dir)], input=values, env=env
         )
         assert done.exit_code == 0, (done.stdout, done.stderr, done.exception)
-        stored, connected = done.stdout.splitlines()
+        connected, stored = done.stdout.splitlines()
         assert stored == f"stored {', '.join(VAULT_NAMES)} for {self.mailbox}"
         assert connected.startswith("connected: "), connected
         for value in values.split():  # nothing typed is echoed
