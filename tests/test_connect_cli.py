@@ -195,3 +195,16 @@ def test_connect_has_help_naming_where_the_values_come_from() -> None:
     done = CliRunner().invoke(main, ["connect", "--help"])
     assert done.exit_code == 0
     assert "--stdin" in done.stdout and "hidden prompts" in done.stdout
+
+
+@pytest.mark.parametrize("provider", ["google", "microsoft"])
+def test_another_account_s_values_are_refused_and_nothing_is_stored(
+    tmp_path: Path, admin: MockAdmin, provider: str
+) -> None:
+    station = _station(tmp_path, admin, provider)
+    other = admin.account(f"personal-{uuid.uuid4().hex[:10]}@contoso.test", provider)
+    values = (other["client_id"], other["client_secret"], other["refresh_token"])
+    done = station.connect("\n".join(values), "--stdin")
+    assert done.returncode == 1
+    assert "another account's" in done.stderr and "nothing was stored" in done.stderr
+    assert station.stored() == [None, None, None]

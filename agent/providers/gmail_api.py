@@ -628,6 +628,14 @@ class GmailApiProvider:
             return ProviderHealth(
                 provider=PROVIDER, mailbox_id=self._mailbox_id, ok=False, detail=str(exc)
             )
+        if profile.email_address.lower() != self._mailbox_id:
+            return ProviderHealth(
+                provider=PROVIDER,
+                mailbox_id=self._mailbox_id,
+                ok=False,
+                detail=f"Gmail API signed in as {profile.email_address}, not "
+                f"{self._mailbox_id}: these credentials are another account's",
+            )
         return ProviderHealth(
             provider=PROVIDER,
             mailbox_id=self._mailbox_id,

@@ -492,14 +492,17 @@ class GraphMailProvider:
         one an earlier attempt left unsent (a message without files), else a new one."""
         plan = _plan(message)
         ours = [m for m in await self._ours(message.internet_message_id) if m.is_draft is True]
+        reusable = [m for m in ours if m.has_attachments is False]
         parent = await self._parent(message) if message.in_reply_to is not None else None
-        if ours and not message.attachments:
-            draft = await self._drafted("PATCH", self._item(ours[0].id), plan)
+        if reusable and not message.attachments:
+            draft = await self._drafted("PATCH", self._item(reusable[0].id), plan)
         elif parent is None:
             draft = await self._drafted("POST", f"{self._root}/messages", plan, once=True)
         else:
+            # Our Message-ID from the start, so a draft whose answer was lost is found again.
+            ours_from_the_start = {"message": {"internetMessageId": message.internet_message_id}}
             made = await self._drafted(
-                "POST", f"{self._item(parent.id)}/createReply", None, once=True
+                "POST", f"{self._item(parent.id)}/createReply", ours_from_the_start, once=True
             )
             draft = await self._drafted("PATCH", self._item(made.id), plan)
             if draft.id != made.id:
@@ -579,6 +582,12 @@ class GraphMailProvider:
             raise self._unlike(draft, "Graph says it is not a draft")
         if draft.subject != message.subject:
             raise self._unlike(draft, f"its subject reads {draft.subject!r}")
+        if draft.internet_message_id != message.internet_message_id:
+            # Its copy could not be found by our Message-ID: a lost answer would go twice.
+            raise self._unlike(draft, f"Graph gave it the Message-ID {draft.internet_message_id}")
+        sender = draft.from_.email_address.address if draft.from_ is not None else None
+        if sender is not None and sender.lower() != message.sender.address.lower():
+            raise self._unlike(draft, f"it would go from {sender}")
         if parent is not None and draft.conversation_id != parent.conversation_id:
             raise self._unlike(draft, "it is not in the conversation of the message it answers")
 
@@ -594,14 +603,14 @@ class GraphMailProvider:
         message = handover.message
         mid = message.internet_message_id
         try:
-            filed = await self._sent_copy(Marker(kind=MarkerKind.MESSAGE_ID, value=mid))
-            draft = None if filed is not None else await self._draft_for(message, handover)
+            gone = await self._sent_copy(Marker(kind=MarkerKind.MESSAGE_ID, value=mid))
+            draft = None if gone is not None else await self._draft_for(message, handover)
         except ProviderError as exc:  # nothing was sent: at most a draft was written
             raise before_handover(exc) from None
         if draft is None:
             raise OutcomeUnknown(
-                f"mailbox {self._mailbox_id}: {mid} is in Sent Items already; the send is "
-                "settled from that copy"
+                f"mailbox {self._mailbox_id}: {mid} was sent already (a copy of it is in the "
+                "mailbox); the send is settled from that copy"
             )
         await self._request("POST", f"{self._item(draft.id)}/send", once=True)
         return SendResult(
@@ -617,13 +626,13 @@ class GraphMailProvider:
     async def find_sent(self, marker: Marker) -> StoredCopy | None:
         if marker.kind not in self._markers:
             raise Unsupported(f"this Graph channel does not search by a {marker.kind} marker")
+        found = await self._sent_copy(marker)
+        if found is None:
+            return None  # not sent (yet)
         try:
-            found = await self._sent_copy(marker)
-            if found is None:
-                return None  # not sent (yet)
             raw = await self._mime(found.id)
         except NotFound:
-            return None
+            return None  # moved out of the mailbox since it was listed
         parsed = rfc822.parse(raw)
         ids = {name: rfc822.header_ids(parsed, name) for name in ("References", "In-Reply-To")}
         own = rfc822.header_ids(parsed, "Message-ID")
@@ -633,13 +642,11 @@ class GraphMailProvider:
         )
 
     async def _sent_copy(self, marker: Marker) -> GraphMessage | None:
-        """The message with our Message-ID ``marker`` names in Sent Items, if any."""
+        """A sent copy of the message with our Message-ID ``marker`` names: a message that
+        is no longer a draft, in Sent Items or wherever a rule or a person moved it."""
         params = {"$filter": _id_filter(marker.value), "$select": PARENT, "$top": "50"}
         listed, _ = await self._read(
-            GraphMessageCollection,
-            "GET",
-            f"{self._root}/mailFolders/sentitems/messages",
-            params=params,
+            GraphMessageCollection, "GET", f"{self._root}/messages", params=params
         )
         sent = [
             m for m in listed.value if m.is_draft is False and m.internet_message_id == marker.value
@@ -657,12 +664,21 @@ class GraphMailProvider:
             return ProviderHealth(
                 provider=PROVIDER, mailbox_id=self._mailbox_id, ok=False, detail=str(exc)
             )
+        names = {n.lower() for n in (user.mail, user.user_principal_name) if n}
+        shown = user.mail or user.user_principal_name or user.id
+        if self._mailbox_id not in names:
+            return ProviderHealth(
+                provider=PROVIDER,
+                mailbox_id=self._mailbox_id,
+                ok=False,
+                detail=f"Microsoft Graph signed in to the mailbox of {shown}, not "
+                f"{self._mailbox_id}: these credentials are another account's",
+            )
         return ProviderHealth(
             provider=PROVIDER,
             mailbox_id=self._mailbox_id,
             ok=True,
-            detail="Microsoft Graph signed in, the mailbox of "
-            f"{user.mail or user.user_principal_name or user.id}",
+            detail=f"Microsoft Graph signed in, the mailbox of {shown}",
         )
 
     async def aclose(self) -> None:

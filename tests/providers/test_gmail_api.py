@@ -14,8 +14,7 @@ import hashlib
 import json
 import logging
 import time
-import uuid
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Iterator, Mapping
 from datetime import timedelta
 from typing import Any, ClassVar
 
@@ -57,7 +56,7 @@ from agent.testing.providers import (
 )
 from fixtures.app import build_app
 from fixtures.mailstore import MailStore, Stored
-from tests.conftest import session_mock
+from tests.providers.private_mock import PrivateMock
 
 LATENCY = timedelta(seconds=120)
 HELD = LATENCY * 3 / 4
@@ -68,6 +67,15 @@ SECRET_NAMES = {
     "oauth_client_secret": "client_secret",
     "oauth_refresh_token": "refresh_token",
 }
+
+
+_private = PrivateMock("gmail")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _stop_private_mock() -> Iterator[None]:
+    yield
+    _private.stop()
 
 
 class OnGmailMock(MailboxHooks):
@@ -88,8 +96,11 @@ class OnGmailMock(MailboxHooks):
     channels: ClassVar[tuple[str, ...]] = ("api",)
 
     def setup_mailbox(self) -> None:
-        self.admin = session_mock()
-        self.address = f"gmail-{uuid.uuid4().hex[:12]}@fabrikam.test"
+        # The contract's mailbox is the account itself (its health names who signed in), on
+        # this module's own server, reset for each test.
+        self.admin = _private.admin()
+        self.admin.reset()
+        self.address = MAILBOX.lower()
         account = self.admin.account(self.address, "google")
         self.secrets = {name: str(account[key]) for name, key in SECRET_NAMES.items()}
         self.markers = MARKERS

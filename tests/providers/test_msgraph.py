@@ -14,11 +14,9 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
-import tempfile
 import uuid
 from collections.abc import AsyncIterator, Iterator, Mapping
 from datetime import timedelta
-from pathlib import Path
 from typing import Any, ClassVar
 
 import httpx
@@ -65,8 +63,9 @@ from agent.testing.providers import (
     reply,
     sent,
 )
-from fixtures.admin import MockAdmin, MockServer
+from fixtures.admin import MockAdmin
 from tests.conftest import session_mock
+from tests.providers.private_mock import PrivateMock
 
 LATENCY = timedelta(seconds=60)
 TOKEN_PATH = "/oauth2/microsoft/common/oauth2/v2.0/token"
@@ -173,24 +172,14 @@ class _Recording(GraphMailProvider):
         return draft
 
 
-_private: MockServer | None = None
-
-
-def private_mock() -> MockAdmin:
-    """This module's own mock server (started on first use, stopped with the module)."""
-    global _private  # noqa: PLW0603 - one server for the module's contract suites
-    if _private is None:
-        _private = MockServer(Path(tempfile.mkdtemp(prefix="outloop-graph-mock-")) / "log")
-        _private.start()
-    assert _private.admin is not None
-    return _private.admin
+_private = PrivateMock("graph")
+private_mock = _private.admin
 
 
 @pytest.fixture(scope="module", autouse=True)
 def _stop_private_mock() -> Iterator[None]:
     yield
-    if _private is not None:
-        _private.stop()  # kept referenced: the process is reaped when the session ends
+    _private.stop()
 
 
 class OnGraphMock(MailboxHooks):
@@ -585,7 +574,7 @@ class TestGraphOnly:
         provider = self.build()
         _, message = await self.parent_and_reply(provider)
         handover = await provider.prepare(message)
-        path = "/graph/v1.0/me/mailFolders/sentitems"  # the send's first request
+        path = "/graph/v1.0/me/messages"  # the send's first request: is a copy of it there?
         self.admin.faults(
             errors=[{"status": 429, "count": 1, "retry_after": 5, "path_prefix": path}]
         )
@@ -730,10 +719,37 @@ class TestGraphOnly:
         again = await provider.prepare(message)
         assert first == again and self.account.stored("drafts") == []
         await provider.send(again)
-        with pytest.raises(OutcomeUnknown, match="in Sent Items already"):
+        with pytest.raises(OutcomeUnknown, match="was sent already"):
             await provider.send(first)
         assert self.account.stored("drafts") == []
         assert len(self.account.stored("sent")) == 1
+
+    @pytest.mark.anyio
+    async def test_a_draft_graph_gave_another_message_id_is_not_sent(self) -> None:
+        """Its copy could not be found by our Message-ID, so a lost answer would go twice."""
+        posted: list[str] = []
+
+        def answer(request: httpx.Request) -> httpx.Response:
+            if request.url.path.endswith("/token"):
+                return httpx.Response(200, json={"access_token": "a", "expires_in": 3600})
+            if request.method == "GET":
+                return httpx.Response(200, json={"value": []})
+            posted.append(request.url.path)
+            draft = {
+                "id": "AAMkAGdraft",
+                "isDraft": True,
+                "subject": "Your invoice",
+                "internetMessageId": "<EXCHANGE-OWN@mock.prod.outlook.com>",
+                "toRecipients": [{"emailAddress": {"address": CLIENT}}],
+            }
+            headers = {"Preference-Applied": 'IdType="ImmutableId"'}
+            return httpx.Response(201, json=draft, headers=headers)
+
+        provider = self.build(transport=httpx.MockTransport(answer))
+        handover = await provider.prepare(self.new_message(5))
+        with pytest.raises(NotHandedOver, match="gave it the Message-ID"):
+            await provider.send(handover)
+        assert not any(path.endswith("/send") for path in posted)
 
     # -- composition -----------------------------------------------------------------------
 
