@@ -93,3 +93,19 @@ def test_a_mailboxs_channels_are_tried_in_the_canonical_order_and_a_list_out_of_
         parse_context(_with_channels("[api, api]"))
     [default] = parse_context(context_yaml(provider="maildir", path="Maildir")).mailboxes
     assert [c.value for c in default.permitted_channels] == ["local"]
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "http://graph.example.com/v1.0",  # clear text off this machine
+        "https://user:secret@graph.example.com/v1.0",  # a credential in the URL
+        "https://graph.example.com/v1.0?token=abc",  # a query
+    ],
+)
+def test_an_api_endpoint_is_refused_unless_a_plain_https_url_or_loopback(url: str) -> None:
+    from agent.domain.context import ApiAccess  # noqa: PLC0415
+
+    with pytest.raises(ValueError, match=r"plain URL|https"):
+        ApiAccess(base_url=url)
+    assert ApiAccess(base_url="http://127.0.0.1:8080/graph/v1.0").base_url is not None

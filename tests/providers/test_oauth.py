@@ -274,3 +274,36 @@ def test_two_workers_refreshing_one_mailbox_at_once_both_keep_working_and_the_va
             await client.aclose()
 
     anyio.run(afterwards)
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize(
+    ("error", "fix"),
+    [
+        ("invalid_request", "api block"),
+        ("invalid_scope", "api block"),
+        ("invalid_grant", "outloop connect"),
+    ],
+)
+async def test_a_refused_refresh_quotes_the_endpoint_and_names_the_fix_that_applies(
+    error: str, fix: str
+) -> None:
+    description = "AADSTS90002: Tenant 'fabrikam.invalid' not found.\r\nTrace ID: 1"
+
+    def refuse(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(400, json={"error": error, "error_description": description})
+
+    credential = OAuthCredential(
+        token_url="https://login.invalid/token",
+        mailbox_id="ops@fabrikam.test",
+        read=lambda name: Secret("value-of-" + name),
+        write=lambda name, value: None,
+        reconnect="outloop connect --workspace ws --mailbox ops@fabrikam.test",
+        transport=httpx.MockTransport(refuse),
+    )
+    flow = credential.async_auth_flow(httpx.Request("GET", "https://api.invalid/x"))
+    with pytest.raises(AuthenticationExpired) as refused:
+        await flow.__anext__()
+    said = str(refused.value)
+    assert "AADSTS90002: Tenant 'fabrikam.invalid' not found. Trace ID: 1" in said  # one line
+    assert fix in said and "value-of-" not in said
