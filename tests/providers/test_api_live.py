@@ -20,13 +20,10 @@ in the environment stays valid. No test prints a secret.
 from __future__ import annotations
 
 import os
-import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
-from datetime import UTC, datetime
+from collections.abc import AsyncIterator
 from typing import TypeVar
 
-import anyio
 import pytest
 
 from agent.domain.context import ApiAccess, MailboxBinding
@@ -36,6 +33,7 @@ from agent.domain.secrets import Secret
 from agent.ports import MailProvider
 from agent.providers import gmail_api, msgraph
 from agent.testing.providers import read_all
+from tests.providers.live import poll
 
 T = TypeVar("T")
 PREFIX = {"google": "OUTLOOP_LIVE_GMAIL_", "microsoft": "OUTLOOP_LIVE_GRAPH_"}
@@ -92,10 +90,6 @@ def anyio_backend() -> str:
     return "asyncio"
 
 
-def _wait() -> float:
-    return float(os.environ.get("OUTLOOP_LIVE_WAIT_SECONDS") or 120)
-
-
 @pytest.mark.anyio
 async def test_a_real_inbox_is_read_to_its_end_with_every_item_normalized_or_explained(
     live: MailProvider,
@@ -133,7 +127,7 @@ async def test_a_message_sent_to_the_mailbox_itself_reads_back_and_arrives_once(
     async def filed() -> StoredCopy | None:
         return await live.find_sent(marker)
 
-    copy = await _poll(filed)
+    copy = await poll(filed)
     assert copy.subject == message.subject and [a.address for a in copy.to] == [me.address]
 
     async def arrived() -> str | None:
@@ -141,17 +135,4 @@ async def test_a_message_sent_to_the_mailbox_itself_reads_back_and_arrives_once(
         found = [i for i in items if i.envelope and i.envelope.subject == message.subject]
         return found[0].item_ref if len(found) == 1 else None
 
-    assert await _poll(arrived)
-
-
-async def _poll(probe: Callable[[], Awaitable[T | None]]) -> T:
-    """What ``probe`` finds in a real mailbox, asked again until the bound: its mail takes
-    its own time to arrive (the only waiting in the suite, and it is opt-in)."""
-    deadline = time.monotonic() + _wait()
-    while True:
-        found = await probe()
-        if found is not None:
-            return found
-        if time.monotonic() > deadline:
-            raise AssertionError(f"nothing within {_wait():.0f} s (at {datetime.now(UTC)})")
-        await anyio.sleep(2)
+    assert await poll(arrived)

@@ -16,13 +16,10 @@ folder. The password is used for signing in only; no test prints it.
 from __future__ import annotations
 
 import os
-import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
-from datetime import UTC, datetime
+from collections.abc import AsyncIterator
 from typing import TypeVar
 
-import anyio
 import pytest
 
 from agent.domain.context import Endpoint, MailServer, Security
@@ -31,6 +28,7 @@ from agent.domain.mail import Marker, OutgoingMessage, StoredCopy
 from agent.domain.secrets import Secret
 from agent.providers.imap_smtp import ImapSmtpProvider
 from agent.testing.providers import read_all
+from tests.providers.live import poll
 
 REQUIRED = (
     "OUTLOOP_LIVE_IMAP_HOST",
@@ -75,10 +73,6 @@ async def live() -> AsyncIterator[ImapSmtpProvider]:
     await provider.aclose()
 
 
-def _wait() -> float:
-    return float(os.environ.get("OUTLOOP_LIVE_WAIT_SECONDS") or 120)
-
-
 @pytest.mark.anyio
 async def test_a_real_inbox_is_read_to_its_end_with_every_item_normalized_or_explained(
     live: ImapSmtpProvider,
@@ -119,7 +113,7 @@ async def test_a_message_sent_to_the_account_itself_reads_back_and_arrives_once(
     async def filed() -> StoredCopy | None:
         return await live.find_sent(marker)
 
-    copy = await _poll(filed)
+    copy = await poll(filed)
     assert copy.subject == message.subject and [a.address for a in copy.to] == [me.address]
 
     async def arrived() -> str | None:
@@ -127,17 +121,4 @@ async def test_a_message_sent_to_the_account_itself_reads_back_and_arrives_once(
         found = [i for i in items if i.envelope and i.envelope.subject == message.subject]
         return found[0].item_ref if len(found) == 1 else None
 
-    assert await _poll(arrived)
-
-
-async def _poll(probe: Callable[[], Awaitable[T | None]]) -> T:
-    """What ``probe`` finds on a real server, asked again until the bound: its mail takes
-    its own time to arrive (this is the only waiting in the suite, and it is opt-in)."""
-    deadline = time.monotonic() + _wait()
-    while True:
-        found = await probe()
-        if found is not None:
-            return found
-        if time.monotonic() > deadline:
-            raise AssertionError(f"nothing within {_wait():.0f} s (at {datetime.now(UTC)})")
-        await anyio.sleep(2)
+    assert await poll(arrived)
