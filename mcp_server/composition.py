@@ -15,12 +15,14 @@ from functools import partial
 from pathlib import Path
 
 from agent.domain.context import MailboxBinding
-from agent.domain.errors import AuthenticationExpired, ContextError, ProviderError
+from agent.domain.errors import AuthenticationExpired, ContextError, Unsupported
 from agent.domain.mail import Channel
 from agent.domain.secrets import CredentialRef, Secret
-from agent.ports import EmbeddedStore, MailProvider, TaskBoard, Vault
+from agent.ports import Clock, EmbeddedStore, Health, MailProvider, TaskBoard, Vault
 from agent.providers.imap_smtp import ImapSmtpProvider
 from agent.providers.maildir import MaildirProvider
+from agent.services.access import AccessRoute, Candidate
+from agent.services.clock import SystemClock
 from agent.services.intake import ProviderFactory
 from agent.services.workspaces import DataDir
 from agent.storage.backend import DATABASE_URL_SETTING, open_store
@@ -138,7 +140,7 @@ def open_station(settings: Settings) -> Station:
     settings.data_dir.mkdir(parents=True, exist_ok=True)
     data_dir = DataDir(settings.data_dir)
     store = open_store(settings.database_url, data_dir.database)
-    return Station(data_dir=data_dir, store=store, provider_for=Providers(settings))
+    return Station(data_dir=data_dir, store=store, provider_for=Providers(settings, store))
 
 
 def open_vault(settings: Settings) -> Vault:
@@ -192,32 +194,85 @@ class Providers:
     The vault is opened on first need (IMAP's password and the APIs' OAuth secrets are read
     from it; a refresh token the provider rotates is written back to it)."""
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(
+        self, settings: Settings, health: Health | None = None, clock: Clock | None = None
+    ) -> None:
         self._settings = settings
         self._vault: Vault | None = None
+        self._health = health
+        self._clock: Clock = clock or SystemClock()
 
     def __call__(self, workspace_id: str, binding: MailboxBinding) -> MailProvider:
-        for channel in binding.permitted_channels:
-            if binding.provider == "maildir" and channel is Channel.LOCAL:
-                assert binding.path is not None  # the context model requires it
-                return MaildirProvider(Path(binding.path), binding.mailbox_id)
-            if channel is Channel.IMAP and binding.server is not None:
-                name = binding.server.password
-                self._secret(workspace_id, binding, name)  # a missing one fails here, named
-                # Read again at each sign-in, so a password changed in the vault is used.
-                password = partial(self._secret, workspace_id, binding, name)
-                return ImapSmtpProvider(
-                    binding.server, binding.mailbox_id, password, provider=binding.provider
-                )
-            if channel is Channel.API and binding.provider in API_PROVIDERS:
-                return self._api(workspace_id, binding)
-        raise ProviderError(
-            f"mailbox {binding.mailbox_id}: no installed adapter reaches mail system "
-            f"{binding.provider!r} through its permitted channels "
-            f"({', '.join(binding.permitted_channels)}); this version has the embedded "
-            "'maildir' (local files, with a path), 'imap' (an IMAP and SMTP server), and "
-            "the APIs of 'google' (Gmail) and 'microsoft' (Graph)"
+        """The mailbox's one permitted channel, or a route through its permitted channels
+        in the canonical order when it has several (``agent.services.access``)."""
+        channels = binding.permitted_channels
+        if len(channels) == 1:
+            return self._build(workspace_id, binding, channels[0])
+        return self.route(workspace_id, binding)
+
+    def route(self, workspace_id: str, binding: MailboxBinding) -> AccessRoute:
+        """The access route through every permitted channel of the mailbox, each step
+        recorded in the health records when a store was given."""
+
+        def record(detail: str) -> None:
+            if self._health is not None:
+                key = f"access {workspace_id} {binding.mailbox_id}"
+                self._health.record_health(key, detail, self._clock.now())
+
+        return AccessRoute(
+            binding.provider,
+            binding.mailbox_id,
+            [
+                Candidate(channel, partial(self._build, workspace_id, binding, channel))
+                for channel in binding.permitted_channels
+            ],
+            clock=self._clock,
+            reads_after_refusal=binding.reads_after_refusal,
+            record=record,
         )
+
+    def _build(self, workspace_id: str, binding: MailboxBinding, channel: Channel) -> MailProvider:
+        """The adapter of one channel of the mailbox; ``Unsupported`` when this version has
+        none, ``AuthenticationExpired`` when a secret it needs is not in the vault."""
+        if binding.provider == "maildir" and channel is Channel.LOCAL:
+            assert binding.path is not None  # the context model requires it
+            return MaildirProvider(Path(binding.path), binding.mailbox_id)
+        if channel is Channel.IMAP and binding.server is not None:
+            name = binding.server.password
+            self._secret(workspace_id, binding, name)  # a missing one fails here, named
+            # Read again at each sign-in, so a password changed in the vault is used.
+            password = partial(self._secret, workspace_id, binding, name)
+            return ImapSmtpProvider(
+                binding.server, binding.mailbox_id, password, provider=binding.provider
+            )
+        if channel is Channel.API and binding.provider in API_PROVIDERS:
+            return self._api(workspace_id, binding)
+        if channel is Channel.PROVIDER_MCP:
+            return self._provider_mcp(workspace_id, binding)
+        if channel is Channel.BROWSER:
+            raise Unsupported(
+                f"mailbox {binding.mailbox_id}: the browser channel (Outlook on the web, Gmail "
+                "in the browser) is not available yet in this version"
+            )
+        raise Unsupported(
+            f"mailbox {binding.mailbox_id}: no installed adapter reaches mail system "
+            f"{binding.provider!r} through channel {channel}; this version has the embedded "
+            "'maildir' (local files, with a path), 'imap' (an IMAP and SMTP server), the APIs "
+            "of 'google' (Gmail) and 'microsoft' (Graph), and a provider MCP server of a "
+            "'microsoft' mailbox"
+        )
+
+    def _provider_mcp(self, workspace_id: str, binding: MailboxBinding) -> MailProvider:
+        """The provider MCP server's channel; the vault entries it signs in with are read
+        when a session opens (a missing one fails here, named)."""
+        access = binding.provider_mcp
+        if access is not None:
+            for name in (*access.env.values(), *([access.token] if access.token else [])):
+                self._secret(workspace_id, binding, name)
+        # Imported when first needed: a station that reaches no MCP server never loads it.
+        from agent.providers.provider_mcp import open_provider_mcp  # noqa: PLC0415
+
+        return open_provider_mcp(binding, read=partial(self._secret, workspace_id, binding))
 
     def _api(self, workspace_id: str, binding: MailboxBinding) -> MailProvider:
         """The provider's API with the mailbox's OAuth secrets, each read from the vault

@@ -266,12 +266,27 @@ class ProposalView(_Out):
     queued: bool = Field(description="False when the same proposal was already queued")
 
 
+class ChannelAccess(_Out):
+    channel: str = Field(description="local | api | imap | provider_mcp | browser")
+    path: str = Field(description="the access path it is: api | provider_mcp | browser | embedded")
+    state: str = Field(
+        description="usable | gap (not usable now: the next permitted channel is tried) | "
+        "refused (never routed around) | not_permitted (the context does not list it) | "
+        "not_available (no adapter of this version) | not_tried (one before it is usable)"
+    )
+    reason: str
+
+
 class MailboxAccess(_Out):
     mailbox_id: str
     provider: str
     path: str = Field(description="api | provider_mcp | browser | embedded | none")
     ok: bool
     detail: str
+    channels: list[ChannelAccess] = Field(
+        default_factory=list[ChannelAccess],
+        description="every channel in the canonical order, with its state and why",
+    )
 
 
 class AccessView(_Out):

@@ -12,9 +12,10 @@ from mcp.server.mcpserver.tools import Tool
 from mcp.types import CreateMessageResult, SamplingMessage, TextContent, ToolAnnotations
 from pydantic import ConfigDict, Field
 
+from agent.domain.context import MailboxBinding
 from agent.domain.errors import ContextError, ProviderError, RegistryError
 from agent.domain.gates import GateResult
-from agent.domain.mail import AttachmentData, Channel, MessageBody
+from agent.domain.mail import CANONICAL_ORDER, AttachmentData, Channel, MessageBody
 from agent.domain.records import DraftRecord
 from agent.domain.states import TaskState
 from agent.domain.task import Task
@@ -24,6 +25,7 @@ from agent.rendering.render import RenderedMessage
 from agent.rendering.text import readable_text
 from agent.services import approvals, closure, drafts, intake, learning, replies
 from agent.services import attachments as attachments_service
+from agent.services.access import AccessRoute, ChannelState, ChannelStatus
 from agent.services.gate_check import check_send, load_task
 from agent.services.holder import holder_alive
 from agent.services.workspaces import load_context, registered_context
@@ -34,6 +36,7 @@ from mcp_server.models import (
     ApprovalView,
     AttachmentView,
     BlockingReasonView,
+    ChannelAccess,
     CheckView,
     ClaimView,
     DraftView,
@@ -822,37 +825,69 @@ def _access_path(channel: Channel) -> str:
 
 
 async def access_status_tool(workspace_id: Id, ctx: Context) -> AccessView:
-    """Which access path each of the workspace's mailboxes uses now, and whether it is
-    healthy, with the reason when it is not."""
+    """Which access path each of the workspace's mailboxes uses now, and for every channel
+    in the canonical order (API, provider MCP, browser) its state and why: usable, an
+    access gap (the next permitted channel is tried), refused (never routed around), not
+    permitted by the context, or not available in this version."""
     rt = runtime_of(ctx)
     with mapped_errors():
         context = load_context(rt.station.store, workspace_id)
-    out: list[MailboxAccess] = []
-    for binding in context.mailboxes:
-        try:
-            provider = rt.mailbox(workspace_id, binding)
-            health = await provider.health()
-        except Exception as exc:  # every failure is a finding here, not a crash
-            out.append(
-                MailboxAccess(
-                    mailbox_id=binding.mailbox_id,
-                    provider=binding.provider,
-                    path="none",
-                    ok=False,
-                    detail=f"{type(exc).__name__}: {exc}",
-                )
-            )
-            continue
-        out.append(
-            MailboxAccess(
-                mailbox_id=binding.mailbox_id,
-                provider=binding.provider,
-                path=_access_path(provider.capabilities.channel),
-                ok=health.ok,
-                detail=health.detail,
-            )
-        )
+    out = [await _mailbox_access(rt, workspace_id, binding) for binding in context.mailboxes]
     return AccessView(workspace_id=workspace_id, mailboxes=out)
+
+
+async def _mailbox_access(rt: Runtime, workspace_id: str, binding: MailboxBinding) -> MailboxAccess:
+    try:
+        statuses = await _channel_statuses(rt, workspace_id, binding)
+    except Exception as exc:  # every failure is a finding here, not a crash
+        statuses = [
+            ChannelStatus(c, ChannelState.GAP, f"{type(exc).__name__}: {exc}")
+            for c in binding.permitted_channels
+        ]
+    permitted = set(binding.permitted_channels)
+    shown = {s.channel: s for s in statuses}
+    channels = [
+        shown.get(c) or ChannelStatus(c, ChannelState.NOT_PERMITTED, "the context does not list it")
+        for c in CANONICAL_ORDER
+        if c in permitted or c in PATHS_SHOWN
+    ]
+    usable = next((s for s in channels if s.state is ChannelState.USABLE), None)
+    blocking = [
+        s for s in channels if s.channel in permitted and s.state is not ChannelState.USABLE
+    ]
+    return MailboxAccess(
+        mailbox_id=binding.mailbox_id,
+        provider=binding.provider,
+        path=_access_path(usable.channel) if usable is not None else "none",
+        ok=usable is not None,
+        detail=usable.reason
+        if usable is not None
+        else "; ".join(f"{s.channel}: {s.reason}" for s in blocking) or "no permitted channel",
+        channels=[
+            ChannelAccess(
+                channel=s.channel.value,
+                path=_access_path(s.channel),
+                state=s.state.value,
+                reason=s.reason,
+            )
+            for s in channels
+        ],
+    )
+
+
+PATHS_SHOWN = (Channel.API, Channel.PROVIDER_MCP, Channel.BROWSER)
+"""The access paths every mailbox's status lists, permitted or not (seed 000 s.9)."""
+
+
+async def _channel_statuses(
+    rt: Runtime, workspace_id: str, binding: MailboxBinding
+) -> list[ChannelStatus]:
+    provider = rt.mailbox(workspace_id, binding)
+    if isinstance(provider, AccessRoute):
+        return await provider.evaluate()
+    health = await provider.health()
+    state = ChannelState.USABLE if health.ok else ChannelState.GAP
+    return [ChannelStatus(provider.capabilities.channel, state, health.detail)]
 
 
 # -- registration -------------------------------------------------------------------------

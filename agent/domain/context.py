@@ -200,6 +200,92 @@ class ApiAccess(_Model):
         return None if value is None else _https_or_loopback(value.rstrip("/"))
 
 
+DIALECTS: dict[str, str] = {"ms365": "microsoft"}
+"""The provider MCP tool shapes this version speaks, and the mail system each reaches:
+``ms365``, the Microsoft Graph passthrough tools of the ms-365-mcp-server family
+(``list-mail-messages``, ``get-mail-message-mime``, ``create-reply-draft``, ...)."""
+
+
+class ProviderMcpAccess(_Model):
+    """How a mailbox is reached through a provider's MCP server the workspace permits: the
+    server (its command, run over stdio, or its streamable HTTP URL), the tool shapes it
+    speaks, the tool names it gives them, and the vault names of what it signs in with."""
+
+    command: tuple[str, ...] = Field(
+        default=(), description="the server's command line, run over stdio (its argv)"
+    )
+    url: str | None = Field(
+        default=None,
+        description="the server's streamable HTTP endpoint (https, or http on this machine)",
+    )
+    dialect: str = Field(
+        default="ms365", description=f"the tool shapes it speaks: {', '.join(DIALECTS)}"
+    )
+    tools: dict[str, str] = Field(
+        default_factory=dict[str, str],
+        description="this server's name for a tool whose name differs from the dialect's",
+    )
+    env: dict[str, str] = Field(
+        default_factory=dict[str, str],
+        description="environment variables of the stdio server, each set from the vault "
+        "entry named (its own sign-in)",
+    )
+    token: str | None = Field(
+        default=None,
+        pattern=NAME_PATTERN,
+        description="the vault name of the bearer token sent to the HTTP endpoint",
+    )
+    sent_copy_latency_seconds: int = Field(default=120, ge=0, le=86400)
+    timeout_seconds: float = Field(default=60.0, gt=0, le=600)
+
+    @field_validator("url")
+    @classmethod
+    def _secure(cls, value: str | None) -> str | None:
+        return None if value is None else _https_or_loopback(value)
+
+    @field_validator("dialect")
+    @classmethod
+    def _known(cls, value: str) -> str:
+        if value not in DIALECTS:
+            raise ValueError(
+                f"dialect {value!r} is not one this version speaks ({', '.join(DIALECTS)})"
+            )
+        return value
+
+    @field_validator("tools")
+    @classmethod
+    def _tool_names(cls, value: dict[str, str]) -> dict[str, str]:
+        for ours, theirs in value.items():
+            if not re.fullmatch(r"[A-Za-z0-9_.-]{1,128}", f"{ours}") or not re.fullmatch(
+                r"[A-Za-z0-9_./-]{1,128}", theirs
+            ):
+                raise ValueError(f"tool name {ours!r} -> {theirs!r}: letters, digits, _ . - /")
+        return value
+
+    @field_validator("env")
+    @classmethod
+    def _env_names(cls, value: dict[str, str]) -> dict[str, str]:
+        for variable, name in value.items():
+            if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]{0,127}", variable):
+                raise ValueError(f"{variable!r} is not an environment variable name")
+            if not re.fullmatch(NAME_PATTERN, name):
+                raise ValueError(f"env {variable}: {name!r} is not a vault entry name")
+        return value
+
+    @model_validator(mode="after")
+    def _one_server(self) -> ProviderMcpAccess:
+        if bool(self.command) == (self.url is not None):
+            raise ValueError(
+                "name the provider MCP server by exactly one of command: (run over stdio) "
+                "or url: (streamable HTTP)"
+            )
+        if self.command and self.token is not None:
+            raise ValueError("token: is sent to an HTTP server; a stdio server signs in with env:")
+        if self.url is not None and self.env:
+            raise ValueError("env: is given to a stdio server; an HTTP server gets token:")
+        return self
+
+
 class MailboxBinding(_Model):
     """One mailbox this workspace reads. A shared mailbox binds items by exact rules.
 
@@ -235,6 +321,11 @@ class MailboxBinding(_Model):
         default_factory=ApiAccess,
         description="the API's endpoints and OAuth secrets (a mailbox reached through its "
         "provider's API)",
+    )
+    provider_mcp: ProviderMcpAccess | None = Field(
+        default=None,
+        description="the provider MCP server the workspace permits (a mailbox reached "
+        "through the provider_mcp channel)",
     )
 
     @field_validator("channels")

@@ -283,6 +283,8 @@ class GraphMailProvider:
         sent_copy_latency: timedelta = timedelta(seconds=120),
         page_size: int = PAGE_SIZE,
         markers: tuple[MarkerKind, ...] | None = None,
+        channel: Channel = CHANNEL,
+        immutable_ids: bool = True,
     ) -> None:
         markers = MARKERS if markers is None else markers
         if not markers or not set(markers) <= set(MARKERS):
@@ -295,6 +297,8 @@ class GraphMailProvider:
         self._latency = sent_copy_latency
         self._page_size = page_size
         self._markers = markers
+        self._channel = channel
+        self._immutable_ids = immutable_ids
 
     def __repr__(self) -> str:
         return f"GraphMailProvider(mailbox={self._mailbox_id!r})"
@@ -310,7 +314,7 @@ class GraphMailProvider:
     @property
     def capabilities(self) -> Capabilities:
         return Capabilities(
-            channel=CHANNEL,
+            channel=self._channel,
             key_basis=True,
             native_threads=False,
             markers=self._markers,
@@ -336,7 +340,12 @@ class GraphMailProvider:
         once: bool = False,
     ) -> httpx.Response:
         return await self._api.call(
-            method, path, params=params, json=json, headers=IMMUTABLE_IDS, once=once
+            method,
+            path,
+            params=params,
+            json=json,
+            headers=IMMUTABLE_IDS if self._immutable_ids else None,
+            once=once,
         )
 
     async def _read(
@@ -482,7 +491,7 @@ class GraphMailProvider:
             await self._parent(message)  # a reply to a message not in the mailbox is refused
         return Handover(
             message=message,
-            channel=CHANNEL.value,
+            channel=self._channel.value,
             recipients=_planned_lists(plan),
             marker=Marker(kind=MarkerKind.MESSAGE_ID, value=message.internet_message_id),
         )
@@ -545,7 +554,7 @@ class GraphMailProvider:
         response = await self._request(method, path, json=body, once=once)
         draft = self._shaped(GraphDraft, response)
         applied = response.headers.get("preference-applied", "")
-        if "immutableid" not in applied.replace(" ", "").lower():
+        if self._immutable_ids and "immutableid" not in applied.replace(" ", "").lower():
             raise self._unlike(
                 draft,
                 "Graph did not apply immutable ids, so its id would not find the sent copy",
@@ -618,7 +627,7 @@ class GraphMailProvider:
             provider_thread_id=message.provider_thread_id
             or _thread(message.references, message.in_reply_to, mid),
             internet_message_id=draft.internet_message_id or mid,
-            channel=CHANNEL.value,
+            channel=self._channel.value,
             delivered=True,
             accepted_at=datetime.now(UTC),
         )
