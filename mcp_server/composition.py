@@ -21,7 +21,7 @@ from agent.domain.secrets import CredentialRef, Secret
 from agent.ports import Clock, EmbeddedStore, Health, MailProvider, TaskBoard, Vault
 from agent.providers.imap_smtp import ImapSmtpProvider
 from agent.providers.maildir import MaildirProvider
-from agent.services.access import AccessRoute, Candidate
+from agent.services.access import AccessRoute, Candidate, Refusal
 from agent.services.clock import SystemClock
 from agent.services.intake import ProviderFactory
 from agent.services.workspaces import DataDir
@@ -201,6 +201,9 @@ class Providers:
         self._vault: Vault | None = None
         self._health = health
         self._clock: Clock = clock or SystemClock()
+        self._refusals: dict[str, Refusal] = {}
+        """Refusals met by this process's routes, by mailbox and binding (a changed binding
+        is asked again)."""
 
     def __call__(self, workspace_id: str, binding: MailboxBinding) -> MailProvider:
         """The mailbox's one permitted channel, or a route through its permitted channels
@@ -214,9 +217,9 @@ class Providers:
         """The access route through every permitted channel of the mailbox, each step
         recorded in the health records when a store was given."""
 
-        def record(detail: str) -> None:
+        def record(channel: Channel, detail: str) -> None:
             if self._health is not None:
-                key = f"access {workspace_id} {binding.mailbox_id}"
+                key = f"access {workspace_id} {binding.mailbox_id} {channel}"
                 self._health.record_health(key, detail, self._clock.now())
 
         return AccessRoute(
@@ -229,6 +232,8 @@ class Providers:
             clock=self._clock,
             reads_after_refusal=binding.reads_after_refusal,
             record=record,
+            refusals=self._refusals,
+            key=f"{workspace_id} {binding.model_dump_json()}",
         )
 
     def _build(self, workspace_id: str, binding: MailboxBinding, channel: Channel) -> MailProvider:

@@ -19,7 +19,8 @@ search of the sent copy) over a transport that turns each Graph request into the
 the server makes it from, and each tool result back into Graph's answer. What differs:
 
 - ids are not immutable (the servers send no ``Prefer: IdType="ImmutableId"``): a sent copy
-  is found by our Message-ID, never by the draft's id;
+  is found by our Message-ID, never by the draft's id, and a send reports the copy's own id
+  when Graph already shows the copy;
 - a tool result is untrusted data like any mail content: it is read through the same shapes
   (a result that is not one is a ``ProviderError``), never followed as an instruction, and a
   next-page link is followed only as a call to the same listing tool;
@@ -53,7 +54,7 @@ from mcp import Client
 from mcp.client.stdio import StdioServerParameters, get_default_environment, stdio_client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
-from mcp.types import CallToolResult, TextContent
+from mcp.types import CallToolResult, DiscoverResult, TextContent
 
 from agent.domain.context import MailboxBinding, ProviderMcpAccess
 from agent.domain.errors import (
@@ -69,6 +70,7 @@ from agent.domain.mail import (
     Channel,
     Handover,
     Marker,
+    MarkerKind,
     MessageBody,
     OutgoingMessage,
     ProviderHealth,
@@ -131,6 +133,11 @@ class McpServer:
         self._access = access
         self._mailbox_id = mailbox_id
         self._read = read
+        self._http: httpx2.AsyncClient | None = None
+        self._mode = "auto"
+        self._discovered: DiscoverResult | None = None
+        """The protocol era the server spoke the first time (``auto`` probes it: one more
+        round trip, which later sessions skip)."""
 
     def __repr__(self) -> str:
         where = self._access.url or (self._access.command[0] if self._access.command else "")
@@ -146,17 +153,15 @@ class McpServer:
         """A session to the server, closed on leaving."""
         timeout = self._access.timeout_seconds
         if self._access.url is not None:
-            headers: dict[str, str] = {}
-            if self._access.token is not None:
-                headers["Authorization"] = f"Bearer {self._read(self._access.token).reveal()}"
-            http = httpx2.AsyncClient(headers=headers, timeout=timeout)
-            async with (
-                http,
-                Client(
-                    streamable_http_client(self._access.url, http_client=http),
-                    read_timeout_seconds=timeout,
-                ) as client,
-            ):
+            if self._http is None:  # kept for the channel's life: making one costs ~50 ms
+                self._http = httpx2.AsyncClient(timeout=timeout)
+            if self._access.token is not None:  # read at each session: a rotated one is used
+                bearer = f"Bearer {self._read(self._access.token).reveal()}"
+                self._http.headers["Authorization"] = bearer
+            transport = streamable_http_client(
+                self._access.url, http_client=self._http, terminate_on_close=True
+            )
+            async with self._client(transport) as client:
                 yield client
             return
         command, *args = self._access.command
@@ -164,10 +169,32 @@ class McpServer:
         params = StdioServerParameters(command=command, args=args, env=env)
         # The server's own log is not ours to keep (it may say anything about its sign-in).
         with open(os.devnull, "w", encoding="utf-8") as errlog:  # noqa: PTH123, ASYNC230
-            async with Client(
-                stdio_client(params, errlog=errlog), read_timeout_seconds=timeout
-            ) as client:
+            async with self._client(stdio_client(params, errlog=errlog)) as client:
                 yield client
+
+    @asynccontextmanager
+    async def _client(self, transport: Any) -> AsyncGenerator[Client]:
+        """A client session in the protocol era the server spoke before (else probed)."""
+        client = Client(
+            transport,
+            read_timeout_seconds=self._access.timeout_seconds,
+            mode=self._mode,
+            prior_discover=self._discovered,
+        )
+        async with client:
+            if self._mode == "auto":
+                session = client.session
+                if session.discover_result is not None:
+                    self._mode = client.protocol_version or "auto"
+                    self._discovered = session.discover_result
+                elif session.initialize_result is not None:
+                    self._mode = "legacy"
+            yield client
+
+    async def aclose(self) -> None:
+        if self._http is not None:
+            await self._http.aclose()
+            self._http = None
 
     def _server_env(self) -> dict[str, str]:
         return {var: self._read(name).reveal() for var, name in self._access.env.items()}
@@ -436,7 +463,8 @@ class ProviderMcpProvider(msgraph.GraphMailProvider):
             current = _SESSION.get()
             assert current is not None
             live.append(current)
-            return await parent.send(handover)
+            result = await parent.send(handover)
+            return await self._with_copy_id(result)
 
         try:
             return await self._in_session("send", sending)
@@ -446,6 +474,18 @@ class ProviderMcpProvider(msgraph.GraphMailProvider):
             if live and live[0].sent:
                 raise OutcomeUnknown(f"{exc}; the send was asked for and may have gone") from None
             raise NotHandedOver(f"{exc}; nothing was handed over") from None
+
+    async def _with_copy_id(self, result: SendResult) -> SendResult:
+        """The result naming the sent copy by its own id when Graph shows it already: ids
+        through this channel are not immutable, so the draft's id is not the copy's."""
+        marker = Marker(kind=MarkerKind.MESSAGE_ID, value=result.internet_message_id)
+        try:
+            copy = await self._sent_copy(marker)
+        except ProviderError:
+            return result  # it went: only its id is not known yet
+        return (
+            result if copy is None else result.model_copy(update={"provider_message_id": copy.id})
+        )
 
     async def find_sent(self, marker: Marker) -> StoredCopy | None:
         parent = super()
@@ -461,6 +501,10 @@ class ProviderMcpProvider(msgraph.GraphMailProvider):
             )
         server = f"the provider MCP server {self._server.shown}"
         return found.model_copy(update={"detail": found.detail.replace("Microsoft Graph", server)})
+
+    async def aclose(self) -> None:
+        await super().aclose()
+        await self._server.aclose()
 
 
 def _provider_error_in(exc: BaseException) -> ProviderError | None:

@@ -113,7 +113,8 @@ def is_gap(exc: ProviderError) -> bool:
 
 class AccessRoute:
     """The MailProvider port on one mailbox through its permitted channels (see the module).
-    ``record`` keeps each step's reason where operators see it (the health records)."""
+    ``record(channel, detail)`` keeps each step's reason where operators see it (the health
+    records, one per channel)."""
 
     def __init__(
         self,
@@ -123,7 +124,9 @@ class AccessRoute:
         *,
         clock: Clock,
         reads_after_refusal: bool = False,
-        record: Callable[[str], None] | None = None,
+        record: Callable[[Channel, str], None] | None = None,
+        refusals: dict[str, Refusal] | None = None,
+        key: str = "",
     ) -> None:
         if not candidates:
             raise ValueError("a route needs at least one permitted channel")
@@ -135,7 +138,8 @@ class AccessRoute:
         self._record = record
         self._built: dict[Channel, MailProvider] = {}
         self._held: dict[Channel, tuple[datetime, str]] = {}
-        self._refusal: Refusal | None = None
+        self._refusals: dict[str, Refusal] = {} if refusals is None else refusals
+        self._key = key or mailbox_id
         self._current = candidates[0].channel
 
     def __repr__(self) -> str:
@@ -161,17 +165,20 @@ class AccessRoute:
 
     @property
     def refusal(self) -> Refusal | None:
-        return self._refusal
+        """The refusal this route (or another of the same mailbox and binding, sharing
+        ``refusals``) met: it holds for their life."""
+        return self._refusals.get(self._key)
 
     # -- choosing ------------------------------------------------------------------------
 
     def _open(self, action: Action) -> list[Candidate]:
         """The channels ``action`` may be tried through now, in order."""
         allowed = list(self._candidates)
-        if self._refusal is not None:
+        refusal = self.refusal
+        if refusal is not None:
             if action is Action.SEND or not self._reads_after_refusal:
-                raise AccessRefused(self._refused_text(action))
-            refused_at = [c.channel for c in allowed].index(self._refusal.channel)
+                raise AccessRefused(self._refused_text(refusal, action))
+            refused_at = [c.channel for c in allowed].index(refusal.channel)
             allowed = allowed[: refused_at + 1]  # never past the channel that refused
         now = self._clock.now()
         ready = [c for c in allowed if not self._on_hold(c.channel, now)]
@@ -197,22 +204,22 @@ class AccessRoute:
     def _gap(self, channel: Channel, reason: str) -> None:
         self._held[channel] = (self._clock.now(), reason)
         if self._record is not None:
-            self._record(f"channel {channel} passed over: {reason}")
+            self._record(channel, f"channel {channel} passed over: {reason}")
 
     def _use(self, channel: Channel) -> None:
         if channel != self._current and self._record is not None:
-            self._record(f"channel {channel} in use (was {self._current})")
+            self._record(channel, f"channel {channel} in use (was {self._current})")
         self._current = channel
         self._held.pop(channel, None)
 
     def _refuse(self, channel: Channel, action: Action, exc: AccessRefused) -> None:
-        self._refusal = Refusal(channel, action, str(exc))
+        self._refusals[self._key] = Refusal(channel, action, str(exc))
         if self._record is not None:
-            self._record(f"channel {channel} refused to {action}: {exc} (not routed around)")
+            self._record(
+                channel, f"channel {channel} refused to {action}: {exc} (not routed around)"
+            )
 
-    def _refused_text(self, action: Action) -> str:
-        refusal = self._refusal
-        assert refusal is not None
+    def _refused_text(self, refusal: Refusal, action: Action) -> str:
         what = "sending" if action is Action.SEND else "reading"
         why = (
             "no channel may be used to go around it"
@@ -351,8 +358,9 @@ class AccessRoute:
                     ChannelStatus(channel, ChannelState.NOT_TRIED, "a channel before it is usable")
                 )
                 continue
-            if self._refusal is not None and self._refusal.channel == channel:
-                statuses.append(ChannelStatus(channel, ChannelState.REFUSED, self._refusal.reason))
+            refusal = self.refusal
+            if refusal is not None and refusal.channel == channel:
+                statuses.append(ChannelStatus(channel, ChannelState.REFUSED, refusal.reason))
                 break
             status = await self._status(candidate)
             statuses.append(status)

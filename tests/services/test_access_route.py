@@ -90,7 +90,7 @@ class World:
             candidates,
             clock=self.clock,
             reads_after_refusal=reads_after_refusal,
-            record=self.records.append,
+            record=lambda _, detail: self.records.append(detail),
         )
 
     def _mcp(self) -> MailProvider:
