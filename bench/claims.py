@@ -55,10 +55,11 @@ from agent.storage.backend import DATABASE_URL_SETTING
 from agent.storage.postgres import PostgresStore
 from agent.storage.sqlite import SqliteStore, begin_immediate, connect
 from agent.testing import InMemoryProvider, synthetic_mailbox
+from bench import choices
 from bench.pg_cluster import ThrowawayCluster
 
-MODES = ("claim", "intake")
-BACKENDS = ("sqlite", "postgres")
+MODES = choices.CLAIM_MODES
+BACKENDS = choices.STORE_BACKENDS
 WORKSPACE_ID = "ws-bench-claims"
 MAILBOX = "bench@outloop.test"
 CONTEXT = f"""\

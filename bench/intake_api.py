@@ -54,6 +54,7 @@ from agent.domain.secrets import Secret
 from agent.ports import MailProvider
 from agent.providers.api_http import ApiClient, ErrorReader, oauth_api_client
 from agent.testing.contexts import context_yaml
+from bench import choices
 from bench.intake_common import (
     MAILBOX,
     ROUNDS,
@@ -70,8 +71,7 @@ from bench.intake_common import (
     timing,
 )
 
-PROVIDERS = ("gmail", "graph")
-"""The mail systems this bench can measure, by the CLI's names."""
+PROVIDERS = choices.API_PROVIDERS
 BARE_REPEATS = 2
 """Bare fetches per round (each is a few thousand requests: seconds, not a moment)."""
 PAGE_SIZE = 100

@@ -30,13 +30,14 @@ from agent.providers import rfc822
 from agent.services import intake, workspaces
 from agent.services.clock import SystemClock
 from agent.storage.sqlite import SqliteStore, begin_immediate, connect
+from bench import choices
 
 WORKSPACE = "ws-bench-intake"
 MAILBOX = "support@fabrikam.test"
 CLIENT = "Dana Levi <dana.levi@contoso.test>"
 """A verified client contact of the workspace: every message becomes work."""
 TARGET_RATIO = 0.5
-ROUNDS = 2
+ROUNDS = choices.INTAKE_ROUNDS
 STARTED = datetime(2026, 11, 2, 6, 0, tzinfo=UTC)
 COMMIT_PROBES = 200
 """Plain one-row transactions measured per round: the floor of one durable write."""

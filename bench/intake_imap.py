@@ -51,6 +51,7 @@ from agent.domain.secrets import Secret
 from agent.providers.imap_session import ImapSession
 from agent.providers.imap_smtp import FETCH_ITEMS, INBOX, PAGE_SIZE, ImapSmtpProvider
 from agent.testing.contexts import context_yaml
+from bench import choices
 from bench.intake_common import (
     MAILBOX,
     ROUNDS,
@@ -68,8 +69,7 @@ from bench.intake_common import (
     timing,
 )
 
-PROVIDERS = ("imap",)
-"""The mail systems this bench can measure (a standards IMAP server)."""
+PROVIDERS = choices.IMAP_PROVIDERS
 PASSWORD = "bench-intake"  # noqa: S105 - a throwaway server's throwaway user
 BARE_REPEATS = 5
 """Bare fetches per round: each is short next to an intake cycle, so a few are averaged."""

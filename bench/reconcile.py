@@ -29,10 +29,11 @@ from agent.ports import EmbeddedStore
 from agent.storage.postgres import PostgresStore
 from agent.storage.sqlite import SqliteStore
 from agent.storage.sqlite import connect as sqlite_connect
+from bench import choices
 from bench.claims import fresh_schema
 from bench.pg_cluster import ThrowawayCluster
 
-BACKENDS = ("sqlite", "postgres")
+BACKENDS = choices.STORE_BACKENDS
 UNDECIDED_SHARE = 0.01
 OUTCOMES = (
     Disposition.QUEUED,

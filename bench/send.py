@@ -49,8 +49,9 @@ from agent.storage.backend import open_store
 from agent.storage.sqlite import begin_immediate, connect
 from agent.testing import API, FileMailbox, InMemoryProvider, MailboxState, MemoryMailbox
 from agent.testing.contexts import context_yaml
+from bench import choices
 
-MAILBOXES = ("file", "memory")
+MAILBOXES = choices.SEND_MAILBOXES
 WORKSPACE = "ws-bench-send"
 MAILBOX = "support@fabrikam.test"
 BLOCKS = 5

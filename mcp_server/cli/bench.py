@@ -12,9 +12,7 @@ from typing import Any
 import anyio
 import click
 
-from bench import claims, intake_api, intake_imap, reconcile, render, send
-from fixtures.admin import MockServer
-from fixtures.dovecot import Dovecot, DovecotError
+from bench import choices
 from mcp_server.cli.shared import F, choice_option, data_dir_option, number_option
 from mcp_server.composition import DATABASE_URL_SETTING, Settings
 
@@ -63,7 +61,7 @@ def bench() -> None:
 
 
 @bench.command("claims")
-@choice_option("--backend", claims.BACKENDS, "sqlite", "Store backend to measure.")
+@choice_option("--backend", choices.STORE_BACKENDS, "sqlite", "Store backend to measure.")
 @database_url_option
 @number_option(
     "--workers",
@@ -74,7 +72,7 @@ def bench() -> None:
 @number_option("--items", click.IntRange(min=1), 2000, "Occurrences every worker claims.")
 @choice_option(
     "--mode",
-    claims.MODES,
+    choices.CLAIM_MODES,
     "claim",
     "claim: the claim service alone; intake: the whole intake cycle per worker.",
 )
@@ -93,6 +91,8 @@ def bench_claims(
     data_dir: Path | None,
 ) -> None:
     """N worker processes each claim the same M occurrences in random order."""
+    from bench import claims  # noqa: PLC0415 - loaded by the command that runs it only
+
     scratch = _bench_scratch(data_dir)
     result = claims.run(
         scratch,
@@ -108,7 +108,9 @@ def bench_claims(
 
 
 @bench.command("reconcile")
-@choice_option("--backend", [*reconcile.BACKENDS, "both"], "both", "Store backend(s) to measure.")
+@choice_option(
+    "--backend", [*choices.STORE_BACKENDS, "both"], "both", "Store backend(s) to measure."
+)
 @database_url_option
 @number_option("--items", click.IntRange(min=1), 100_000, "Scanned items in the run to reconcile.")
 @bench_output_options
@@ -116,6 +118,8 @@ def bench_reconcile(
     backend: str, database_url: str | None, items: int, as_json: bool, data_dir: Path | None
 ) -> None:
     """Time the reconciliation of one run of N scanned items, 1% of them undecided."""
+    from bench import reconcile  # noqa: PLC0415 - loaded by the command that runs it only
+
     scratch = _bench_scratch(data_dir)
     result = reconcile.run(
         scratch,
@@ -139,6 +143,8 @@ def bench_reconcile(
 def bench_render(seconds: float, as_json: bool) -> None:
     """Render plus read-back verification of a Hebrew reply, on one core, against the bare
     template render."""
+    from bench import render  # noqa: PLC0415 - loaded by the command that runs it only
+
     echo_result(render.run(seconds), as_json, 16)
 
 
@@ -148,7 +154,7 @@ def bench_render(seconds: float, as_json: bool) -> None:
 )
 @choice_option(
     "--mailbox",
-    send.MAILBOXES,
+    choices.SEND_MAILBOXES,
     "file",
     "The fake mailbox: file (each accepted send a committed SQLite transaction) or memory "
     "(a list append in this process).",
@@ -158,6 +164,8 @@ def bench_send(sends: int, mailbox: str, as_json: bool, data_dir: Path | None) -
     """Ledgered exactly-once sends per second through the fake mailbox (SQLite store in a
     scratch directory), against bare sends (prepare + send) through the same channel in the
     same run."""
+    from bench import send  # noqa: PLC0415 - loaded by the command that runs it only
+
     scratch = _bench_scratch(data_dir)
     result = send.run(
         scratch, sends=sends, mailbox=mailbox, progress=lambda line: click.echo(line, err=True)
@@ -168,7 +176,7 @@ def bench_send(sends: int, mailbox: str, as_json: bool, data_dir: Path | None) -
 @bench.command("intake")
 @choice_option(
     "--provider",
-    [*intake_imap.PROVIDERS, *intake_api.PROVIDERS],
+    [*choices.IMAP_PROVIDERS, *choices.API_PROVIDERS],
     "imap",
     "The mail system read: imap (a throwaway Dovecot started for the run), or gmail or "
     "graph (the Gmail API or Microsoft Graph of throwaway mock providers started for the run).",
@@ -179,7 +187,7 @@ def bench_send(sends: int, mailbox: str, as_json: bool, data_dir: Path | None) -
 @number_option(
     "--rounds",
     click.IntRange(min=1),
-    intake_imap.ROUNDS,
+    choices.INTAKE_ROUNDS,
     "Times each side runs, alternating which goes first (intake into a fresh store each time).",
 )
 @bench_output_options
@@ -190,6 +198,11 @@ def bench_intake(
     through the provider's adapter into a scratch SQLite store), against a bare fetch of the
     same messages with the same client in the same run. --provider imap starts a private
     Dovecot, so it must run as root; gmail and graph start the mock providers."""
+    # Loaded by the command that runs them only.
+    from bench import intake_api, intake_imap  # noqa: PLC0415
+    from fixtures.admin import MockServer  # noqa: PLC0415
+    from fixtures.dovecot import Dovecot, DovecotError  # noqa: PLC0415
+
     scratch = _bench_scratch(data_dir)
 
     def progress(line: str) -> None:
