@@ -40,3 +40,32 @@ def fixtures_serve(port: int, state_dir: Path | None) -> None:
     click.echo(json.dumps({"base_url": f"http://127.0.0.1:{bound}"}))
     sys.stdout.flush()
     serve.run(sock, state_dir)
+
+
+@fixtures.command("mail-mcp")
+@click.option(
+    "--dialect",
+    type=click.Choice(["ms365", "gmail"]),
+    required=True,
+    help="ms365: Softeria's ms-365-mcp-server (token in MS365_MCP_OAUTH_TOKEN); "
+    "gmail: GongRzhe's Gmail-MCP-Server (token in GMAIL_MCP_ACCESS_TOKEN).",
+)
+@click.option(
+    "--api-base",
+    required=True,
+    help="Base URL of running mock providers (`outloop fixtures serve`), "
+    "e.g. http://127.0.0.1:8765.",
+)
+def fixtures_mail_mcp(dialect: str, api_base: str) -> None:
+    """A mock third-party mail MCP server on stdio (docs/fixtures.md).
+
+    It plays the tools and result texts of a popular mail MCP server and calls the mock
+    Gmail API or Graph at --api-base with the access token of a mock account, read from the
+    environment as the real server reads it. Stdout carries only the protocol. The same
+    servers are also served over HTTP by `outloop fixtures serve` at
+    {base}/mcp/ms365/mcp and {base}/mcp/gmail/mcp.
+    """
+    # Imported here: only this command needs the MCP server.
+    from fixtures import mail_mcp  # noqa: PLC0415
+
+    mail_mcp.run_stdio(dialect, api_base)
