@@ -1,7 +1,8 @@
 """Exactly once through the providers' APIs: worker processes share one store and one clock
 and send the same planned messages through the Gmail API adapter (agent/providers/
-gmail_api.py) or the Microsoft Graph adapter (agent/providers/msgraph.py) until every one is
-settled, while the mock provider drops its answer to 30% of the sends after storing them,
+gmail_api.py), the Microsoft Graph adapter (agent/providers/msgraph.py) or the provider MCP
+channel of a Microsoft mailbox (agent/providers/provider_mcp.py, to the fixture ms365 MCP
+server, whose own Graph calls meet the faults) until every one is settled, while the mock provider drops its answer to 30% of the sends after storing them,
 files sent copies only when the test releases them, rewrites Message-IDs as Gmail does (or
 strips X- headers as Graph does), and workers die by SIGKILL - from outside at random
 moments, and at the crash points around the handover.
@@ -52,7 +53,9 @@ from tests import exactly_once_harness as harness
 from tests.conftest import REPORTED, session_mock
 
 WS = "ws-api-exactly-once"
-SENDS = 500  # per provider: 1,000 over the two adapters
+SENDS = 500  # per provider API: 1,000 over the two adapters
+MCP_SENDS = 300  # through the provider MCP server of a Microsoft mailbox
+MCP_ENDPOINT = "/mcp/ms365/mcp"
 DROPPED = 0.3  # of the sends, whose answer is lost after the provider stored them
 LATENCY_S = 60  # the adapters' declared sent-copy latency
 STEP = 20.0  # seconds the clock moves when a worker is stuck: a third of the latency
@@ -72,12 +75,14 @@ class Plan:
     """One run, as every worker of it sees it."""
 
     kind: str  # the mail system: google or microsoft
+    via: str  # the channel: api, or provider_mcp (the fixture ms365 MCP server)
     root: str
     sends: int
     seed: int
     sender: str
     recipient: str
     secrets: tuple[str, str, str]  # the sender's OAuth client id, secret and refresh token
+    mcp_token: str  # the bearer token the provider MCP server signs in to Graph with
 
     def planned(self) -> list[harness.Planned]:
         return harness.planned_notes(
@@ -88,12 +93,15 @@ class Plan:
 def _channel(plan: Plan) -> MailProvider:
     """The sender's channel, built from the binding registered in the run's Workspace
     Context the way the composition root builds it (secrets by name)."""
+    from agent.providers.provider_mcp import open_provider_mcp  # noqa: PLC0415
     from mcp_server.composition import api_adapter  # noqa: PLC0415 - the worker's own import
 
     context, _ = workspaces.read_context_file(Path(plan.root) / "context.yaml")
     [binding] = context.mailboxes
     values = dict(zip(("oauth_client_id", "oauth_client_secret", "oauth_refresh_token"),
                       plan.secrets, strict=True))  # fmt: skip
+    if plan.via == "provider_mcp":
+        return open_provider_mcp(binding, read=lambda name: Secret(plan.mcp_token))
     return api_adapter(plan.kind)(
         binding,
         read=lambda name: Secret(values[name]),
@@ -154,12 +162,18 @@ class _Steps:
             self.steps += 1
 
 
-def _register(root: Path, plan_kind: str, sender: str, base_url: str) -> None:
+def _register(root: Path, plan_kind: str, via: str, sender: str, base_url: str) -> None:
     api, token = ENDPOINTS[plan_kind]
     fields = (
         f"api: {{base_url: '{base_url}{api}', token_url: '{base_url}{token}', "
         f"sent_copy_latency_seconds: {LATENCY_S}, timeout_seconds: {harness.BOUND / 2}}}"
     )
+    if via == "provider_mcp":
+        fields = (
+            f"channels: [provider_mcp], provider_mcp: {{url: '{base_url}{MCP_ENDPOINT}', "
+            f"token: mcp_token, sent_copy_latency_seconds: {LATENCY_S}, "
+            f"timeout_seconds: {harness.BOUND / 2}}}"
+        )
     harness.register_station(
         root, WS, context_yaml(WS, mailbox=sender, provider=plan_kind, mailbox_fields=fields)
     )
@@ -176,15 +190,17 @@ def _notes(admin: MockAdmin, address: str, folder: str, kind: str) -> Counter[st
     return subjects
 
 
-def _race(kind: str, root: Path, sends: int, seed: int) -> dict[str, Any]:
+def _race(kind: str, via: str, root: Path, sends: int, seed: int) -> dict[str, Any]:
     admin = session_mock()
     tag = f"{kind}-{os.getpid()}-{next(_runs)}"
     sender, recipient = f"once-{tag}@fabrikam.test", f"client-{tag}@contoso.test"
     account = admin.account(sender, kind)
     admin.account(recipient, kind)
-    _register(root, kind, sender, admin.base_url)
+    _register(root, kind, via, sender, admin.base_url)
     secrets = tuple(account[k] for k in SECRETS)
-    plan = Plan(kind, str(root), sends, seed, sender, recipient, secrets)  # type: ignore[arg-type]
+    plan = Plan(
+        kind, via, str(root), sends, seed, sender, recipient, secrets, account["access_token"]
+    )  # type: ignore[arg-type]
     steps = _Steps(admin, harness.run_clock(root))
     admin.faults(
         drop_send_ack_rate=DROPPED, seed=seed, delay_sent_copy_seconds=3600, **REWRITES[kind]
@@ -225,8 +241,9 @@ def _race(kind: str, root: Path, sends: int, seed: int) -> dict[str, Any]:
         "kills_at_points": dict(race.kills_at),
         "errors": len(race.errors),
     }
-    print(f"api exactly-once {kind}: {json.dumps(counts)}")
-    REPORTED[f"api exactly-once {kind}"] = counts
+    name = f"exactly-once {kind} through {via}"
+    print(f"{name}: {json.dumps(counts)}")
+    REPORTED[name] = counts
     assert race.errors == [], race.errors[:5]
     assert counts["duplicates"] == 0, [
         (s, in_sent[s], in_inbox[s]) for s in subjects if max(in_sent[s], in_inbox[s]) > 1
@@ -238,14 +255,22 @@ def _race(kind: str, root: Path, sends: int, seed: int) -> dict[str, Any]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("kind", ["google", "microsoft"])
+@pytest.mark.parametrize(
+    ("kind", "via", "sends"),
+    [
+        ("google", "api", SENDS),
+        ("microsoft", "api", SENDS),
+        ("microsoft", "provider_mcp", MCP_SENDS),
+    ],
+    ids=["google", "microsoft", "microsoft-provider-mcp"],
+)
 def test_sends_through_lost_answers_late_copies_rewrites_and_sigkills_go_out_once(
-    kind: str, tmp_path: Path
+    kind: str, via: str, sends: int, tmp_path: Path
 ) -> None:
-    counts = _race(kind, tmp_path, SENDS, seed=20261202 + len(kind))
+    counts = _race(kind, via, tmp_path, sends, seed=20261202 + len(kind) + len(via))
     assert counts["hand_offs"] == 0, "a provider that keeps every sent copy hands nothing over"
-    assert counts["confirmed"] == SENDS, "every send sent or settled from its copy"
-    assert counts["copies_in_sent"] == counts["copies_in_inbox"] == SENDS
+    assert counts["confirmed"] == sends, "every send sent or settled from its copy"
+    assert counts["copies_in_sent"] == counts["copies_in_inbox"] == sends
     assert counts["answers_lost"] > 0 and counts["settled_from_copy"] > 0
     assert counts["copies_released"] > 0, "late copies were met and released by the test"
     assert counts["kills"] >= 5
