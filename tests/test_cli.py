@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import mailbox
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -30,7 +29,6 @@ from tests.conftest import context_yaml, pg_cluster
 TIMEOUT = 120  # seconds, for every CLI call
 BENCH_TIMEOUT = 600
 WORKSPACE_ID = "ws-test-0001"
-DEMO_WORKSPACE_ID = "ws-demo-0001"
 BENCH_KEYS = {
     "bench",
     "rate_per_s",
@@ -434,89 +432,6 @@ def test_run_for_an_unregistered_workspace_fails_and_points_to_add(cli: Cli) -> 
     assert "ws-nobody-0009" in done.stderr
     assert "outloop workspace add" in done.stderr
     assert "Traceback" not in done.stderr
-
-
-# -- demo ----------------------------------------------------------------------------------
-
-
-def _sections(output: str) -> dict[str, list[str]]:
-    """The demo output split at its ``== title ==`` headings."""
-    sections: dict[str, list[str]] = {"": []}
-    current = ""
-    for line in output.splitlines():
-        if line.startswith("== ") and line.endswith(" =="):
-            current = line[3:-3]
-            sections[current] = []
-        else:
-            sections[current].append(line)
-    return sections
-
-
-_TABLE_ROW = re.compile(
-    r"\s(CLAIMED|EXECUTION_ALREADY_CLAIMED|EXECUTION_ALREADY_DONE)\s+([A-Z_]+)\s"
-)
-
-
-def _table_dispositions(lines: list[str]) -> list[str]:
-    """The disposition column of a cycle's item table (progress lines are indented)."""
-    rows = [_TABLE_ROW.search(line) for line in lines if not line.startswith("  [")]
-    return [row.group(2) for row in rows if row is not None]
-
-
-def _reconciliation_lines(lines: list[str]) -> list[str]:
-    return [line for line in lines if line.startswith("reconciliation:")]
-
-
-def _demo(cli: Cli, root: Path) -> dict[str, list[str]]:
-    done = cli("demo", "--data-dir", root)
-    assert done.returncode == 0, done.stderr
-    assert "Traceback" not in done.stderr
-    assert f"demo data directory: {root}" in done.stdout
-    sections = _sections(done.stdout)
-    assert set(sections) == {
-        "",
-        "first cycle",
-        "replay of the same mailbox",
-        "tasks (one per verified thread)",
-    }
-    for cycle in ("first cycle", "replay of the same mailbox"):
-        (rec,) = _reconciliation_lines(sections[cycle])
-        assert rec.endswith("; failed 0; clean"), rec
-    tasks = [
-        line for line in sections["tasks (one per verified thread)"] if line.startswith("task-")
-    ]
-    assert len(tasks) == 4, tasks
-    return sections
-
-
-def test_demo_shows_a_clean_lifecycle_with_dedup_and_noise(cli: Cli, tmp_path: Path) -> None:
-    root = tmp_path / "demo-data"
-    sections = _demo(cli, root)
-    assert any("registered workspace" in line for line in sections[""])
-    first = _table_dispositions(sections["first cycle"])
-    assert len(first) == 6
-    assert first.count("EXECUTION_ALREADY_DONE") == 1  # the duplicate delivery
-    assert first.count("NOISE_EXCLUDED") == 1  # the auto-reply
-    replay = sections["replay of the same mailbox"]
-    assert (
-        "6 items, outcomes: EXECUTION_ALREADY_DONE (nothing is claimed or created twice)" in replay
-    )
-
-
-def test_demo_twice_on_one_data_dir_reuses_the_workspace(cli: Cli, tmp_path: Path) -> None:
-    root = tmp_path / "demo-data"
-    _demo(cli, root)
-    sections = _demo(cli, root)
-    assert any("already registered here; reusing it" in line for line in sections[""])
-    assert not any(line.startswith("seeded ") for line in sections[""])
-    assert _table_dispositions(sections["first cycle"]) == []  # nothing arrived since
-    assert any(
-        line.startswith("6 items, outcomes: EXECUTION_ALREADY_DONE (")
-        for line in sections["replay of the same mailbox"]
-    )
-    shown = cli("workspace", "show", "--json", "--data-dir", root)
-    assert shown.returncode == 0, shown.stderr
-    assert [r["workspace_id"] for r in json.loads(shown.stdout)] == [DEMO_WORKSPACE_ID]
 
 
 # -- bench ---------------------------------------------------------------------------------
