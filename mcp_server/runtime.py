@@ -85,7 +85,10 @@ class Runtime:
     def keep_run(self, run: Scan) -> None:
         self.runs[run.run_id] = run
         while len(self.runs) > MAX_RUNS:
-            self.forget_run(next(iter(self.runs)))
+            oldest = next(iter(self.runs))
+            # Its channels are closed when the server stops (it is never finished here).
+            self.retired.extend(self.runs[oldest].providers.values())
+            self.forget_run(oldest)
 
     def forget_run(self, run_id: str) -> None:
         """Drop a reconciled (or too old) run: its ledger in the store is the record."""
@@ -125,6 +128,8 @@ class Runtime:
     async def aclose(self) -> None:
         """Close every channel this server opened."""
         providers = [p for _, p in self.channels.values()] + self.retired
+        # A run taken in and never reconciled still holds the channels it read through.
+        providers += [p for run in self.runs.values() for p in run.providers.values()]
         self.channels.clear()
         self.retired.clear()
         for provider in providers:

@@ -326,5 +326,10 @@ def _read_back_amendment(
             # From the ledger: the send's own record, even if its task update was lost.
             "sent_message_id": record.internet_message_id,
             "recipients": record.recipients,
+            "next_action": NextAction(
+                description=f"wait for the client's answer to send {record.key} (its stored "
+                "copy was read back and verified)",
+                owner=task.next_action.owner,
+            ),
         }
     )
