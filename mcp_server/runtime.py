@@ -14,6 +14,7 @@ from mcp.shared.exceptions import MCPError
 
 from agent.domain.context import MailboxBinding, WorkspaceContext
 from agent.domain.errors import (
+    AccessRefused,
     ContextError,
     GateRefused,
     HandoverRefused,
@@ -195,6 +196,12 @@ def mapped_errors() -> Generator[None]:
         raise refusal(str(exc), "task_state") from exc
     except (RegistryError, ContextError, UnknownStateError, InvalidRequest) as exc:
         raise ToolError(worded(exc)) from exc
+    except AccessRefused as exc:
+        raise refusal(
+            f"the mail provider refused: {exc}; a refusal is never routed around through "
+            "another channel (access_status shows each channel's state)",
+            "policy",
+        ) from exc
     except ProviderError as exc:
         raise ToolError(
             f"the mail provider failed: {exc}; access_status shows the mailbox's health"

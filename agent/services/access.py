@@ -156,8 +156,9 @@ class AccessRoute:
 
     @property
     def capabilities(self) -> Capabilities:
-        """The capabilities of the channel in use (the first one that can be built)."""
-        for candidate in self._open(Action.READ):
+        """The capabilities of the channel in use (the first one that can be built; what a
+        channel is, whether or not anything may be done through it now)."""
+        for candidate in self._ordered(self._candidates):
             adapter = self._adapter(candidate)
             if adapter is not None:
                 return adapter.capabilities
@@ -180,10 +181,14 @@ class AccessRoute:
                 raise AccessRefused(self._refused_text(refusal, action))
             refused_at = [c.channel for c in allowed].index(refusal.channel)
             allowed = allowed[: refused_at + 1]  # never past the channel that refused
+        return self._ordered(allowed)
+
+    def _ordered(self, allowed: Sequence[Candidate]) -> list[Candidate]:
+        """``allowed`` in order, a channel on hold only after every other one."""
         now = self._clock.now()
         ready = [c for c in allowed if not self._on_hold(c.channel, now)]
         held = [c for c in allowed if self._on_hold(c.channel, now)]
-        return ready + held  # a held channel only when nothing else is left
+        return ready + held
 
     def _on_hold(self, channel: Channel, now: datetime) -> bool:
         held = self._held.get(channel)

@@ -172,6 +172,8 @@ async def test_an_explicit_refusal_is_never_routed_around_and_stops_sending() ->
     with pytest.raises(AccessRefused, match="no channel may be used to go around it"):
         await route.prepare(_reply(world, "<ours-2@fabrikam.test>"))
     assert refusing.asked == ["prepare"]  # the later send asked no channel at all
+    # What the channel is stays known (the core reads it to record a refused attempt).
+    assert route.capabilities.channel is Channel.API
     assert any("refused to send" in r and "not routed around" in r for r in world.records)
 
 
