@@ -54,7 +54,7 @@ from mcp import Client
 from mcp.client.stdio import StdioServerParameters, get_default_environment, stdio_client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
-from mcp.types import CallToolResult, DiscoverResult, TextContent
+from mcp.types import INVALID_PARAMS, METHOD_NOT_FOUND, CallToolResult, DiscoverResult, TextContent
 
 from agent.domain.context import MailboxBinding, ProviderMcpAccess
 from agent.domain.errors import (
@@ -118,7 +118,11 @@ class _Live:
 
 
 _SESSION: ContextVar[_Live | None] = ContextVar("provider_mcp_session", default=None)
-_GRAPH_ERROR = re.compile(r"Graph API error:\s*(\d{3})\b[^-]*?-\s*(.*)\Z", re.S)
+_GRAPH_ERROR = re.compile(r"Graph API (?:scope )?error:\s*(\d{3})\b[^-]*?-\s*(.*)\Z", re.S)
+_SCOPE_ERROR = re.compile(r"Graph API scope error\b", re.I)
+"""The ms365 servers' wording of a 403 about permissions, with or without the status."""
+NOT_RUN = frozenset({METHOD_NOT_FOUND, INVALID_PARAMS})
+"""JSON-RPC errors a server answers before running a tool (any other may come after)."""
 _LARGEST_RESULT = 64 * 1024 * 1024
 """A tool result larger than this is refused (a message's MIME is far smaller)."""
 
@@ -222,8 +226,13 @@ class GraphOverMcp(httpx.AsyncBaseTransport):
             result = await live.client.call_tool(
                 name, arguments, read_timeout_seconds=self._timeout
             )
-        except MCPError as exc:  # the server refused the call itself (unknown tool, bad input)
-            return _graph_error(request, 400, "providerMcpRefused", f"{name}: {exc}"[:300])
+        except MCPError as exc:
+            if exc.error.code in NOT_RUN:  # refused before the tool ran: no such tool, bad input
+                return _graph_error(request, 400, "providerMcpRefused", f"{name}: {exc}"[:300])
+            raise httpx.ReadError(  # timed out, closed, an HTTP error: the call may have run
+                f"the provider MCP server's answer to {name} was lost ({_one_line(exc)})",
+                request=request,
+            ) from None
         except Exception as exc:  # the session broke: the call may have run
             raise httpx.ReadError(
                 f"the provider MCP server's answer to {name} was lost ({type(exc).__name__})",
@@ -306,20 +315,21 @@ def _graph_success(request: httpx.Request, data: dict[str, Any]) -> httpx.Respon
         return httpx.Response(202, request=request)
     link = data.get("@odata.nextLink")
     if isinstance(link, str):
-        data = {**data, "@odata.nextLink": _own_link(link)}
+        data = {**data, "@odata.nextLink": _own_link(link, request)}
     return httpx.Response(200, json=data, request=request)
 
 
-def _own_link(link: str) -> str:
-    """A next-page link the server gave, addressed to this transport (it is followed as a
-    call to the same listing tool, whatever host it named)."""
+def _own_link(link: str, asked: httpx.Request) -> str:
+    """A next-page link the server gave, addressed to this transport if it asks the same
+    listing again (its path under ``/v1.0/`` the one asked, its query Graph's ``$``
+    options only), so it is followed as a call to the same tool with the same folder;
+    anything else is left as given, and the Graph logic refuses to follow it."""
     parts = urlsplit(link)
     _, found, rest = parts.path.partition("/v1.0/")
-    if not found:
-        return link  # not a Graph link: the Graph logic refuses to follow it
-    query = "&".join(f"{k}={v}" for k, v in parse_qsl(parts.query, keep_blank_values=True))
-    url = httpx.URL(BASE_URL + rest)
-    return str(url.copy_with(query=query.encode())) if query else str(url)
+    if not found or BASE_URL + rest != str(asked.url.copy_with(query=None)):
+        return link
+    options = [(k, v) for k, v in parse_qsl(parts.query, keep_blank_values=True) if k[:1] == "$"]
+    return str(httpx.URL(BASE_URL + rest, params=options))
 
 
 def _graph_failure(request: httpx.Request, tool: str, text: str) -> httpx.Response:
@@ -340,6 +350,8 @@ def _graph_failure(request: httpx.Request, tool: str, text: str) -> httpx.Respon
         return httpx.Response(
             status, content=body, headers={"Content-Type": "application/json"}, request=request
         )
+    if _SCOPE_ERROR.search(said):  # a permission refusal, whatever status it names
+        return _graph_error(request, 403, "ErrorAccessDenied", f"{tool}: {said}"[:300])
     return _graph_error(request, 502, "providerMcpError", f"{tool}: {said}"[:300])
 
 
