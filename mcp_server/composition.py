@@ -8,6 +8,8 @@ data directory, the store and the mail provider adapters.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -21,7 +23,7 @@ from agent.domain.secrets import CredentialRef, Secret
 from agent.ports import Clock, EmbeddedStore, Health, MailProvider, TaskBoard, Vault
 from agent.providers.imap_smtp import ImapSmtpProvider
 from agent.providers.maildir import MaildirProvider
-from agent.services.access import AccessRoute, Candidate, Refusal
+from agent.services.access import AccessRoute, Action, Candidate, Refusal
 from agent.services.clock import SystemClock
 from agent.services.intake import ProviderFactory
 from agent.services.workspaces import DataDir
@@ -222,6 +224,11 @@ class Providers:
                 key = f"access {workspace_id} {binding.mailbox_id} {channel}"
                 self._health.record_health(key, detail, self._clock.now())
 
+        key = f"{workspace_id} {_digest(binding)}"
+        if key not in self._refusals:
+            kept = self._kept_refusal(workspace_id, binding.mailbox_id, key)
+            if kept is not None:
+                self._refusals[key] = kept
         return AccessRoute(
             binding.provider,
             binding.mailbox_id,
@@ -233,8 +240,48 @@ class Providers:
             reads_after_refusal=binding.reads_after_refusal,
             record=record,
             refusals=self._refusals,
-            key=f"{workspace_id} {binding.model_dump_json()}",
+            key=key,
+            keep_refusal=partial(self._keep_refusal, workspace_id, binding.mailbox_id, key),
         )
+
+    def _keep_refusal(self, workspace_id: str, mailbox_id: str, key: str, refusal: Refusal) -> None:
+        """A refusal, kept in the health records so every process of the station honours
+        it (for ``REFUSAL_HOLD``, or until the mailbox's binding changes)."""
+        if self._health is None:
+            return
+        detail = json.dumps(
+            {
+                "channel": refusal.channel.value,
+                "action": refusal.action.value,
+                "binding": key,
+                "reason": refusal.reason,
+            },
+            ensure_ascii=False,
+        )
+        self._health.record_health(
+            f"access refusal {workspace_id} {mailbox_id}", detail, refusal.at
+        )
+
+    def _kept_refusal(self, workspace_id: str, mailbox_id: str, key: str) -> Refusal | None:
+        if self._health is None:
+            return None
+        wanted = f"access refusal {workspace_id} {mailbox_id}"
+        for record in self._health.list_health():
+            if record.key != wanted:
+                continue
+            try:
+                kept = json.loads(record.detail)
+                if kept["binding"] != key:
+                    return None  # refused under another binding: the new one is asked
+                return Refusal(
+                    Channel(kept["channel"]),
+                    Action(kept["action"]),
+                    str(kept["reason"]),
+                    record.recorded_at,
+                )
+            except (ValueError, KeyError, TypeError):
+                return None
+        return None
 
     def _build(self, workspace_id: str, binding: MailboxBinding, channel: Channel) -> MailProvider:
         """The adapter of one channel of the mailbox; ``Unsupported`` when this version has
@@ -316,6 +363,11 @@ class Providers:
                 f"mailbox {binding.mailbox_id}: its {name!r} cannot be read from the vault "
                 f"({exc}); store it with '{fix}'"
             ) from None
+
+
+def _digest(binding: MailboxBinding) -> str:
+    """The binding as it stands (a changed binding is another)."""
+    return hashlib.sha256(binding.model_dump_json().encode()).hexdigest()[:16]
 
 
 API_PROVIDERS = ("google", "microsoft")

@@ -246,3 +246,6 @@ class ProviderHealth(BaseModel):
     mailbox_id: str
     ok: bool
     detail: str
+    refused: bool = False
+    """Not ok because the provider or a policy refused (a 403), not for want of access: the
+    access order never goes around it."""

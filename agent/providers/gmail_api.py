@@ -95,6 +95,7 @@ from pydantic import BaseModel, ValidationError
 from agent.domain.context import MailboxBinding
 from agent.domain.envelope import thread_alias
 from agent.domain.errors import (
+    AccessRefused,
     CursorExpired,
     NotFound,
     NotHandedOver,
@@ -626,7 +627,11 @@ class GmailApiProvider:
             profile = await self._profile()
         except ProviderError as exc:
             return ProviderHealth(
-                provider=PROVIDER, mailbox_id=self._mailbox_id, ok=False, detail=str(exc)
+                provider=PROVIDER,
+                mailbox_id=self._mailbox_id,
+                ok=False,
+                detail=str(exc),
+                refused=isinstance(exc, AccessRefused),
             )
         if profile.email_address.lower() != self._mailbox_id:
             return ProviderHealth(

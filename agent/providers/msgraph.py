@@ -78,6 +78,7 @@ from pydantic import BaseModel, ValidationError
 from agent.domain.context import MailboxBinding
 from agent.domain.envelope import Address, thread_alias
 from agent.domain.errors import (
+    AccessRefused,
     CursorExpired,
     NotFound,
     NotHandedOver,
@@ -671,7 +672,11 @@ class GraphMailProvider:
             )
         except ProviderError as exc:
             return ProviderHealth(
-                provider=PROVIDER, mailbox_id=self._mailbox_id, ok=False, detail=str(exc)
+                provider=PROVIDER,
+                mailbox_id=self._mailbox_id,
+                ok=False,
+                detail=str(exc),
+                refused=isinstance(exc, AccessRefused),
             )
         names = {n.lower() for n in (user.mail, user.user_principal_name) if n}
         shown = user.mail or user.user_principal_name or user.id

@@ -58,6 +58,7 @@ from mcp.types import INVALID_PARAMS, METHOD_NOT_FOUND, CallToolResult, Discover
 
 from agent.domain.context import MailboxBinding, ProviderMcpAccess
 from agent.domain.errors import (
+    AccessRefused,
     NotHandedOver,
     OutcomeUnknown,
     ProviderError,
@@ -509,7 +510,11 @@ class ProviderMcpProvider(msgraph.GraphMailProvider):
             found = await self._in_session("health", parent.health)
         except ProviderError as exc:
             return ProviderHealth(
-                provider=self.provider, mailbox_id=self.mailbox_id, ok=False, detail=str(exc)
+                provider=self.provider,
+                mailbox_id=self.mailbox_id,
+                ok=False,
+                detail=str(exc),
+                refused=isinstance(exc, AccessRefused),
             )
         server = f"the provider MCP server {self._server.shown}"
         return found.model_copy(update={"detail": found.detail.replace("Microsoft Graph", server)})

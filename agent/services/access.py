@@ -61,6 +61,9 @@ T = TypeVar("T")
 
 HOLD = timedelta(minutes=5)
 """How long a channel that failed is passed over before it is tried first again."""
+REFUSAL_HOLD = timedelta(hours=24)
+"""How long a refusal stops the mailbox's sends (and, unless authorized, its reads) before
+the refusing channel is asked again; a changed binding is asked at once."""
 
 
 class Action(StrEnum):
@@ -102,6 +105,7 @@ class Refusal:
     channel: Channel
     action: Action
     reason: str
+    at: datetime
 
 
 def is_gap(exc: ProviderError) -> bool:
@@ -127,6 +131,7 @@ class AccessRoute:
         record: Callable[[Channel, str], None] | None = None,
         refusals: dict[str, Refusal] | None = None,
         key: str = "",
+        keep_refusal: Callable[[Refusal], None] | None = None,
     ) -> None:
         if not candidates:
             raise ValueError("a route needs at least one permitted channel")
@@ -140,6 +145,8 @@ class AccessRoute:
         self._held: dict[Channel, tuple[datetime, str]] = {}
         self._refusals: dict[str, Refusal] = {} if refusals is None else refusals
         self._key = key or mailbox_id
+        self._keep_refusal = keep_refusal
+        self._prepared: Channel | None = None
         self._current = candidates[0].channel
 
     def __repr__(self) -> str:
@@ -156,19 +163,28 @@ class AccessRoute:
 
     @property
     def capabilities(self) -> Capabilities:
-        """The capabilities of the channel in use (the first one that can be built; what a
-        channel is, whether or not anything may be done through it now)."""
-        for candidate in self._ordered(self._candidates):
-            adapter = self._adapter(candidate)
-            if adapter is not None:
-                return adapter.capabilities
-        raise self._exhausted(Action.READ)
+        """The capabilities of the channel that prepared the send under way, else of the
+        channel in use (the first that can be built, whether or not anything may be done
+        through it now) - with the longest sent-copy latency of the channels opened, since a
+        copy may be searched through any of them."""
+        adapter = self._built.get(self._prepared) if self._prepared is not None else None
+        if adapter is None:
+            adapter = next(
+                (a for c in self._ordered(self._candidates) if (a := self._adapter(c))), None
+            )
+        if adapter is None:
+            raise self._exhausted(Action.READ)
+        longest = max(a.capabilities.sent_copy_latency for a in self._built.values())
+        return adapter.capabilities.model_copy(update={"sent_copy_latency": longest})
 
     @property
     def refusal(self) -> Refusal | None:
         """The refusal this route (or another of the same mailbox and binding, sharing
-        ``refusals``) met: it holds for their life."""
-        return self._refusals.get(self._key)
+        ``refusals``) met, for ``REFUSAL_HOLD``."""
+        refusal = self._refusals.get(self._key)
+        if refusal is None or self._clock.now() >= refusal.at + REFUSAL_HOLD:
+            return None
+        return refusal
 
     # -- choosing ------------------------------------------------------------------------
 
@@ -217,8 +233,11 @@ class AccessRoute:
         self._current = channel
         self._held.pop(channel, None)
 
-    def _refuse(self, channel: Channel, action: Action, exc: AccessRefused) -> None:
-        self._refusals[self._key] = Refusal(channel, action, str(exc))
+    def _refuse(self, channel: Channel, action: Action, exc: AccessRefused | str) -> None:
+        refusal = Refusal(channel, action, str(exc), self._clock.now())
+        self._refusals[self._key] = refusal
+        if self._keep_refusal is not None:
+            self._keep_refusal(refusal)
         if self._record is not None:
             self._record(
                 channel, f"channel {channel} refused to {action}: {exc} (not routed around)"
@@ -311,7 +330,9 @@ class AccessRoute:
         )
 
     async def prepare(self, message: OutgoingMessage) -> Handover:
-        return await self._through(Action.SEND, lambda a: a.prepare(message))
+        handover = await self._through(Action.SEND, lambda a: a.prepare(message))
+        self._prepared = Channel(handover.channel)
+        return handover
 
     async def send(self, handover: Handover) -> SendResult:
         """Hand over through the channel that prepared ``handover`` (a send is never moved
@@ -333,6 +354,8 @@ class AccessRoute:
             if is_gap(exc) or type(exc) is NotHandedOver:
                 self._gap(channel, f"{type(exc).__name__}: {exc}")
             raise
+        finally:
+            self._prepared = None
 
     async def find_sent(self, marker: Marker) -> StoredCopy | None:
         def searches(adapter: MailProvider) -> bool:
@@ -353,23 +376,27 @@ class AccessRoute:
 
     async def evaluate(self) -> list[ChannelStatus]:
         """Each permitted channel's state now, in order: built and asked for its health
-        until one is usable; the ones after it are not tried."""
+        until one is usable or one refused; the ones after it are not tried (a refusal found
+        here is recorded like any other)."""
         statuses: list[ChannelStatus] = []
-        found = False
+        after = ""
         for candidate in self._candidates:
             channel = candidate.channel
-            if found:
-                statuses.append(
-                    ChannelStatus(channel, ChannelState.NOT_TRIED, "a channel before it is usable")
-                )
+            if after:
+                statuses.append(ChannelStatus(channel, ChannelState.NOT_TRIED, after))
                 continue
             refusal = self.refusal
             if refusal is not None and refusal.channel == channel:
-                statuses.append(ChannelStatus(channel, ChannelState.REFUSED, refusal.reason))
-                break
-            status = await self._status(candidate)
+                status = ChannelStatus(channel, ChannelState.REFUSED, refusal.reason)
+            else:
+                status = await self._status(candidate)
+                if status.state is ChannelState.REFUSED:
+                    self._refuse(channel, Action.READ, status.reason)
             statuses.append(status)
-            found = status.state is ChannelState.USABLE
+            if status.state is ChannelState.REFUSED:
+                after = "a channel before it refused (never routed around)"
+            elif status.state is ChannelState.USABLE:
+                after = "a channel before it is usable"
         return statuses
 
     async def _status(self, candidate: Candidate) -> ChannelStatus:
@@ -387,6 +414,8 @@ class AccessRoute:
             return ChannelStatus(channel, ChannelState.REFUSED, str(exc))
         except ProviderError as exc:
             return ChannelStatus(channel, ChannelState.GAP, f"{type(exc).__name__}: {exc}")
+        if health.refused:
+            return ChannelStatus(channel, ChannelState.REFUSED, health.detail)
         state = ChannelState.USABLE if health.ok else ChannelState.GAP
         return ChannelStatus(channel, state, health.detail)
 

@@ -326,6 +326,15 @@ async def test_scenario_11_a_policy_refusal_is_not_routed_around_and_reads_go_on
             assert "reads_after_refusal" in stopped
             assert reading["items"] == []
         await reconcile_all(client, reading)
+    # Another server process of the station honours the refusal it kept in the store.
+    async with station.client() as client:
+        access = await call(client, "access_status", workspace_id=station.workspace_id)
+        [mailbox] = access["mailboxes"]
+        assert [c["state"] for c in mailbox["channels"]][:2] == ["refused", "not_tried"]
+        again = await refused(
+            client, "request_approval", task_id=task_id, draft_id=draft["draft_id"]
+        )
+        assert "go around it" in again.message
     recorded = "\n".join(station.health())
     assert "refused to send" in recorded and "not routed around" in recorded
     assert "provider_mcp in use" not in recorded

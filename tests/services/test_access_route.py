@@ -9,7 +9,7 @@ shows the same mail; a channel is made to fail by wrapping it."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any, cast
 
 import pytest
@@ -22,9 +22,9 @@ from agent.domain.errors import (
     TransientFailure,
     Unsupported,
 )
-from agent.domain.mail import Channel, MarkerKind, OutgoingMessage
+from agent.domain.mail import Channel, MarkerKind, OutgoingMessage, ProviderHealth
 from agent.ports import MailProvider
-from agent.services.access import HOLD, AccessRoute, Candidate, ChannelState
+from agent.services.access import HOLD, REFUSAL_HOLD, AccessRoute, Candidate, ChannelState
 from agent.testing import FrozenClock
 from agent.testing.memory import API, ChannelView, InMemoryProvider, make_envelope
 
@@ -258,3 +258,64 @@ async def test_access_status_evaluates_each_channel_in_order_and_the_browser_say
         ChannelState.USABLE,
         ChannelState.NOT_TRIED,
     ]
+
+
+async def test_a_send_is_recorded_against_the_channel_that_prepared_it_with_the_longest_latency() -> (
+    None
+):
+    world = World()
+    slow_search = ChannelView("mcp", Channel.PROVIDER_MCP, prefix="mcp:",
+                              sent_copy_latency=timedelta(seconds=300))  # fmt: skip
+    world.mcp = InMemoryProvider.through(world.api.state, slow_search)
+    down = Failing(world.api, TransientFailure("Graph answered 503"), "prepare")
+    route = world.route(down.channel)
+    handover = await route.prepare(_reply(world))
+    assert handover.channel == "provider_mcp"
+    # A search between prepare and send goes through the API again once its hold ran out...
+    world.clock.advance(seconds=HOLD.total_seconds() + 1)
+    assert handover.marker is not None
+    assert await route.find_sent(handover.marker) is None
+    # ...and still the attempt is the preparing channel's, with the longest latency known.
+    caps = route.capabilities
+    assert caps.channel is Channel.PROVIDER_MCP
+    assert caps.sent_copy_latency == timedelta(seconds=300)
+    await route.send(handover)
+    assert route.capabilities.channel is Channel.API
+
+
+async def test_a_refusal_found_by_a_health_check_stops_the_evaluation_and_the_sends() -> None:
+    world = World()
+    refusing = Failing(world.api, AccessRefused("x"), "prepare")
+
+    async def refused_health() -> ProviderHealth:
+        return ProviderHealth(
+            provider="microsoft", mailbox_id=MAILBOX, ok=False, detail="403", refused=True
+        )
+
+    refusing.health = refused_health  # type: ignore[method-assign]
+    route = world.route(refusing.channel, browser=True)
+    statuses = await route.evaluate()
+    assert [s.state for s in statuses] == [
+        ChannelState.REFUSED,
+        ChannelState.NOT_TRIED,
+        ChannelState.NOT_TRIED,
+    ]
+    assert "never routed around" in statuses[1].reason
+    with pytest.raises(AccessRefused, match="go around it"):
+        await route.prepare(_reply(world))
+    assert refusing.asked == [] and world.mcp.sent == []
+
+
+async def test_a_refusal_holds_for_a_day_then_the_refusing_channel_is_asked_again() -> None:
+    world = World()
+    refusing = Failing(world.api, AccessRefused("403"), "prepare")
+    route = world.route(refusing.channel)
+    with pytest.raises(AccessRefused):
+        await route.prepare(_reply(world))
+    world.clock.advance(seconds=REFUSAL_HOLD.total_seconds() - 1)
+    with pytest.raises(AccessRefused, match="go around it"):
+        await route.prepare(_reply(world))
+    world.clock.advance(seconds=1)
+    refusing.ops.clear()
+    handover = await route.prepare(_reply(world))
+    assert handover.channel == "api"
