@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import socket
 import subprocess
 import sys
@@ -15,6 +16,7 @@ import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from email.header import decode_header, make_header
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +24,7 @@ import pytest
 from click.testing import CliRunner, Result
 from selectolax.lexbor import LexborHTMLParser
 
+from fixtures.admin import MockAdmin
 from mcp_server.cli import demo_mail as mail
 from mcp_server.cli import main
 from tests.conftest import context_yaml
@@ -361,3 +364,40 @@ def test_the_help_says_what_the_demo_does(tmp_path: Path) -> None:
     assert "Run the whole email lifecycle against local mock providers" in text
     for words in ("mock Gmail API", "approver's reply", "read-back", "--data-dir", "temporary"):
         assert words in text, words
+
+
+def test_the_providers_own_admin_api_shows_the_reply_the_demo_reports(
+    first: DemoRun, tmp_path: Path
+) -> None:
+    """The mock tenant the demo kept, served again and read through the admin API (not the
+    demo's own file): the one reply to the Hebrew client, in her thread, stored right to
+    left."""
+    state = tmp_path / "state"
+    shutil.copytree(first.root / "demo" / "mock", state)
+    server = subprocess.Popen(
+        [sys.executable, "-m", "mcp_server.cli", "fixtures", "serve", "--port", "0",
+         "--state-dir", str(state)],
+        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=_env(tmp_path),
+    )  # fmt: skip
+    try:
+        assert server.stdout is not None
+        admin = MockAdmin(json.loads(server.stdout.readline())["base_url"])
+        sent = admin.stored(mail.MAILBOX, "sent")
+        replies = [m for m in sent if m["to"] == [mail.HEBREW_CLIENT]]
+        [reply] = replies
+        headers = {name.lower(): value for name, value in reply["headers"]}
+        answered = headers["in-reply-to"]
+        [request] = [
+            m
+            for m in admin.stored(mail.MAILBOX, "inbox")
+            if {n.lower(): v for n, v in m["headers"]}.get("message-id") == answered
+        ]
+        assert str(make_header(decode_header(headers["subject"]))) == f"Re: {mail.HEBREW_SUBJECT}"
+        assert reply["thread_id"] == request["thread_id"]
+        assert 'dir="rtl"' in reply["html"] and 'lang="he"' in reply["html"]
+        assert admin.stored("attacker@evil.test", "inbox") == []
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+        if server.stdout is not None:
+            server.stdout.close()
