@@ -4,16 +4,22 @@ Each crash point of agent/crashpoints.py is hit by at least 10 SIGKILLs while fr
 keeps arriving; then a clean run takes over every dead holder's claim. Afterwards every
 occurrence has exactly one execution and its thread exactly one task, every run's scanned
 items equal the sum of its dispositions, and SQLite's integrity check is ok.
+
+Each worker is an OS process of its own, forked from multiprocessing's forkserver with the
+command line already imported, that runs ``outloop run`` through the CLI's own entry point
+(``mcp_server.cli.main``) in an environment of its own: the same command a started
+``python -m mcp_server.cli`` runs, without paying the interpreter's start-up and imports
+(most of a short run's cost) in every one of the many workers these tests start and kill.
 """
 
 from __future__ import annotations
 
 import mailbox
+import multiprocessing
 import os
 import random
 import signal
 import subprocess
-import sys
 import time
 from datetime import UTC, datetime
 from email.message import EmailMessage
@@ -30,11 +36,64 @@ from agent.services.holder import holder_alive
 from agent.storage.backend import DATABASE_URL_SETTING
 from agent.storage.postgres import PostgresStore
 from agent.storage.sqlite import SqliteStore
+from mcp_server.cli import main as outloop
 from tests.conftest import REPORTED, context_yaml
 
 MAILBOX = "support@fabrikam.test"
 KILLS_PER_POINT = 10
 WS = "ws-crash"
+# Workers start forked from the forkserver, this module (and with it the CLI) imported there
+# when this module starts the server; a server another test started imports it on first use.
+FORKSERVER = multiprocessing.get_context("forkserver")
+
+
+def _run_cli(argv: list[str], env: dict[str, str], stderr: str) -> None:
+    """A worker process: the ``outloop`` command line with ``argv`` in the environment
+    ``env`` (nothing else of the parent's), its stdout discarded and its stderr written to
+    the file ``stderr``."""
+    os.environ.clear()
+    os.environ.update(env)
+    for fd, path in ((1, os.devnull), (2, stderr)):
+        opened = os.open(path, os.O_WRONLY)
+        os.dup2(opened, fd)
+        os.close(opened)
+    outloop.main(args=argv, prog_name="outloop")  # exits with the command's status
+
+
+class Worker:
+    """One worker process of a test (what the tests read of it: its pid, whether and how it
+    ended, its stderr) and the SIGKILL that ends it from outside."""
+
+    def __init__(self, argv: list[str], env: dict[str, str], stderr: Path) -> None:
+        self.stderr = stderr
+        stderr.touch()
+        self.process = FORKSERVER.Process(target=_run_cli, args=(argv, env, str(stderr)))
+        self.process.start()
+        assert self.process.pid is not None
+        self.pid: int = self.process.pid
+
+    @property
+    def returncode(self) -> int | None:
+        """None while it runs; then its exit status, or -9 after a SIGKILL."""
+        return self.process.exitcode
+
+    def poll(self) -> int | None:
+        return self.returncode
+
+    def wait(self, timeout: float) -> int:
+        """Its exit status, once it ends within ``timeout`` seconds."""
+        self.process.join(timeout)
+        if self.returncode is None:
+            raise subprocess.TimeoutExpired(f"worker {self.pid}", timeout)
+        return self.returncode
+
+    def kill(self) -> None:
+        os.kill(self.pid, signal.SIGKILL)
+
+    def finish(self, timeout: float) -> tuple[int, str]:
+        """Its exit status and stderr, once it ends within ``timeout`` seconds."""
+        code = self.wait(timeout)
+        return code, self.stderr.read_text(errors="replace")
 
 
 class World:
@@ -53,6 +112,8 @@ class World:
         self.messages = 0
         self.threads: list[str] = []  # root Message-ID of each thread
         self.rng = random.Random(7)
+        self.workers = 0  # started so far
+        (root / "stderr").mkdir()
         ctx = root / "context.yaml"
         ctx.write_text(context_yaml(WS, provider="maildir", path=str(self.maildir)))
         store = self.store()
@@ -85,16 +146,20 @@ class World:
         msg.set_content(f"message {self.messages}")
         self.box.add(msg.as_bytes())
 
-    def worker(self, crash: str | None = None) -> subprocess.Popen[bytes]:
+    def worker(self, crash: str | None = None) -> Worker:
+        """A worker running ``outloop run --once`` on this world's station, armed to kill
+        itself at the crash point ``crash`` (``name:skip``) if given."""
         env = {k: v for k, v in os.environ.items() if not k.startswith("OUTLOOP_")}
         if crash:
             env["OUTLOOP_CRASHPOINT"] = crash
         if self.database_url is not None:
             env[DATABASE_URL_SETTING] = self.database_url
-        return subprocess.Popen(
-            [sys.executable, "-m", "mcp_server.cli", "run", "--workspace", WS, "--once",
-             "--quiet", "--json", "--data-dir", str(self.data_dir.root)],
-            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+        self.workers += 1
+        FORKSERVER.set_forkserver_preload([__name__])  # once the server runs: no effect
+        return Worker(
+            ["run", "--workspace", WS, "--once", "--quiet", "--json",
+             "--data-dir", str(self.data_dir.root)],
+            env, self.root / "stderr" / f"worker-{self.workers}.log",
         )  # fmt: skip
 
     def store(self) -> EmbeddedStore:
@@ -108,12 +173,12 @@ def _now():
     return datetime.now(UTC)
 
 
-def _wait(procs: list[subprocess.Popen[bytes]]) -> list[int]:
+def _wait(procs: list[Worker]) -> list[int]:
     codes: list[int] = []
     for proc in procs:
-        _, err = proc.communicate(timeout=120)
-        assert proc.returncode in (0, -signal.SIGKILL), err.decode(errors="replace")
-        codes.append(proc.returncode)
+        code, err = proc.finish(timeout=120)
+        assert code in (0, -signal.SIGKILL), err
+        codes.append(code)
     return codes
 
 
@@ -207,7 +272,7 @@ def test_workers_killed_from_outside_at_random_moments_lose_and_duplicate_nothin
         finally:
             store.close()
         if victim.poll() is None:
-            victim.send_signal(signal.SIGKILL)
+            victim.kill()
         kills += _wait(procs).count(-signal.SIGKILL)
     counts = assert_recovered(world)
     REPORTED["crash external random SIGKILL"] = {

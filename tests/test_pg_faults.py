@@ -32,7 +32,7 @@ from agent import crashpoints
 from agent.ports import EmbeddedStore
 from bench.pg_cluster import ThrowawayCluster
 from tests.conftest import REPORTED
-from tests.test_crash import WS, World, assert_recovered
+from tests.test_crash import WS, Worker, World, assert_recovered
 
 KILLS = 50  # SIGKILLed workers, crash points and external kills together
 SWEEPS = 5  # pg_terminate_backend on every client backend, while a worker runs
@@ -40,6 +40,10 @@ RESTARTS = 3  # immediate-mode server restarts, while a worker runs
 WORKERS = 4  # per round
 MAX_ROUNDS = 80
 POLL_S = 0.02  # each look at the store waits this long on a worker process in between
+# Bound on the random wait before an external kill: about one worker's whole run (forked,
+# a worker starts in milliseconds and runs for a fraction of a second), so the kill lands
+# anywhere in the run rather than after it has ended.
+KILL_WITHIN_S = 0.75
 PHASE_TIMEOUT_S = 60.0  # bound on any one wait for a moment to inject a fault
 EXIT_TIMEOUT_S = 180.0
 
@@ -77,7 +81,7 @@ def _holder_pid(holder: str) -> int | None:
     return int(parts[2]) if len(parts) == 5 and parts[2].isdigit() else None
 
 
-def _pause_on(procs: list[subprocess.Popen[bytes]]) -> None:
+def _pause_on(procs: list[Worker]) -> None:
     """Wait briefly on a running worker (returns early if it exits): a bounded poll step."""
     live = [p for p in procs if p.poll() is None]
     if live:
@@ -85,9 +89,7 @@ def _pause_on(procs: list[subprocess.Popen[bytes]]) -> None:
             live[0].wait(timeout=POLL_S)
 
 
-def _claiming_moment(
-    store: EmbeddedStore, procs: list[subprocess.Popen[bytes]], rng: random.Random
-) -> bool:
+def _claiming_moment(store: EmbeddedStore, procs: list[Worker], rng: random.Random) -> bool:
     """Wait until every live worker has started its run and one of them is claiming (its
     run's scanned items are recorded and the run is not reconciled), then a random few
     polls more. True when a running worker's run is then still unreconciled."""
@@ -118,7 +120,7 @@ def _inject(
     cluster: ThrowawayCluster,
     store: EmbeddedStore,
     fault: str,
-    procs: list[subprocess.Popen[bytes]],
+    procs: list[Worker],
     rng: random.Random,
     tally: Tally,
 ) -> EmbeddedStore:
@@ -146,7 +148,7 @@ def _inject(
 
 
 def _kill_at_random_moment(
-    store: EmbeddedStore, victim: subprocess.Popen[bytes], rng: random.Random, before: int
+    store: EmbeddedStore, victim: Worker, rng: random.Random, before: int
 ) -> bool:
     """SIGKILL the victim at a random moment of its run; True if a signal was sent."""
     if rng.random() < 0.5:
@@ -162,10 +164,10 @@ def _kill_at_random_moment(
     else:
         # After a random bounded wait on the victim itself (start-up, scan, claims, ...).
         with contextlib.suppress(subprocess.TimeoutExpired):
-            victim.wait(timeout=rng.uniform(0.05, 1.5))
+            victim.wait(timeout=rng.uniform(0.0, KILL_WITHIN_S))
     if victim.poll() is not None:
         return False
-    victim.send_signal(signal.SIGKILL)
+    victim.kill()
     return True
 
 
@@ -194,12 +196,12 @@ def _round(world: World, cluster: ThrowawayCluster, rng: random.Random, tally: T
                     signalled.add(victim.pid)
         finally:
             for proc, spec in zip(procs, specs, strict=True):
-                _, err = proc.communicate(timeout=EXIT_TIMEOUT_S)
-                assert proc.returncode in (0, -signal.SIGKILL), (
+                code, err = proc.finish(timeout=EXIT_TIMEOUT_S)
+                assert code in (0, -signal.SIGKILL), (
                     f"round {tally.rounds} (seed {tally.seed}, fault {fault}, crash point "
-                    f"{spec}): worker exited {proc.returncode}\n{err.decode(errors='replace')}"
+                    f"{spec}): worker exited {code}\n{err}"
                 )
-                if proc.returncode == 0:
+                if code == 0:
                     tally.clean_exits += 1
                 elif proc.pid in signalled:
                     tally.external_kills += 1

@@ -1,4 +1,4 @@
-"""Race: many OS processes each intake the same thousands of occurrences in random order."""
+"""Race: many OS processes each intake the same hundreds of occurrences in random order."""
 
 from __future__ import annotations
 
@@ -10,19 +10,23 @@ from bench import claims
 from tests.conftest import REPORTED, pg_cluster
 
 RACES = {
-    # backend: (worker processes, shared occurrences); every worker takes in every
-    # occurrence, so the work grows with their product (PostgreSQL's per-claim round trips
-    # on 2 cores bound its size).
-    "sqlite": (16, 10_000),
-    "postgres": (16, 4_000),
+    # backend: (worker processes, shared occurrences). Every worker takes in every
+    # occurrence, four to a thread, each in its own random order; released together, they
+    # race over the same few hundred occurrences at once, so many are claimed by several at
+    # the same moment (more occurrences would only lengthen the run, not add contention).
+    "sqlite": (8, 600),
+    "postgres": (8, 500),
 }
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("backend", sorted(RACES))
-def test_processes_racing_over_thousands_of_occurrences_claim_each_exactly_once(
-    tmp_path: Path, backend: str
+def test_processes_racing_over_hundreds_of_occurrences_claim_each_exactly_once(
+    tmp_path: Path, backend: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    # The benchmark first measures a throughput baseline (plain inserts by as many
+    # processes): a figure for `outloop bench claims`, no part of this guarantee.
+    monkeypatch.setattr(claims, "_baseline", lambda *_args: (1.0, 1.0))
     workers, items = RACES[backend]
     result = claims.run(
         tmp_path,

@@ -6,7 +6,8 @@ place mail can hide them: subject, display name, body, quoted history, signature
 attachment name and content, and hidden HTML (display:none, white on white, comments); plus
 CRLF header injection, RFC 2047 encoded-word tricks, bidi overrides in names and lookalike
 sender domains. They arrive as new threads, in the client thread of a task whose client
-send is pending approval, and as replies to that task's approval request.
+send is pending approval, and as replies to that task's approval request (dealt in turn to
+thirteen such tasks).
 
 Each goes through the real path (Maildir, the RFC 822 normalizer, intake, triage, the
 gate). Every item is claimed, tasked and given a disposition, and the workspace state - the
@@ -50,6 +51,8 @@ MAILBOX = "support@fabrikam.test"
 CLIENT = "dana.levi@contoso.test"
 APPROVER = "noa.bar@fabrikam.test"
 ATTACKER = "attacker@evil.test"
+BATCH = 100  # messages per intake run
+PENDING = 13  # pending sends the attacks are dealt to in turn (a prime: each sees every kind)
 
 INSTRUCTIONS = {
     "recipients": [
@@ -329,53 +332,65 @@ def snapshot(station: Station, task_id: str, draft: RenderedMessage) -> dict[str
     }
 
 
-async def _pending_send(station: Station) -> tuple[str, str, str]:
+@dataclass(frozen=True)
+class Pending:
     """A client request worked up to a draft whose client send waits for approval."""
+
+    task_id: str
+    origin: str  # the Message-ID that opened the client thread
+    request: str  # the Message-ID of the approval request
+    draft: RenderedMessage
+
+    def parents(self) -> dict[str, str]:
+        """The message each placement replies to (a new thread replies to none)."""
+        return {"client_thread": self.origin, "approval_thread": self.request}
+
+
+async def _pending_send(station: Station, number: int) -> Pending:
+    """A client request worked up to a draft whose client send waits for approval."""
+    origin = f"<origin-{number}@contoso.test>"
     msg = EmailMessage()
     msg["From"] = f"Dana Levi <{CLIENT}>"
     msg["To"] = MAILBOX
     msg["Subject"] = "Quote request"
-    msg["Message-ID"] = "<origin@contoso.test>"
+    msg["Message-ID"] = origin
     msg["Date"] = format_datetime(station.clock.now())
     msg.set_content("Could you send a quote?")
     station.deliver(msg.as_bytes())
-    await station.intake()
-    [task] = station.store.list_tasks(WS)
+    [item] = (await station.intake()).items
+    task_id = item.task_id
+    assert task_id is not None and item.task_created
     for state in (TaskState.EXECUTING, TaskState.DRAFT_READY):
-        station.store.transition_task(task.task_id, state, "work", station.clock.now())
+        station.store.transition_task(task_id, state, "work", station.clock.now())
+    draft = _draft(station, task_id)
     request = await approvals.request_approval(
-        station.store,
-        station.provider,
-        task.task_id,
-        "d1",
-        _draft(station, task.task_id),
-        (CLIENT,),
-        station.clock,
+        station.store, station.provider, task_id, "d1", draft, (CLIENT,), station.clock
     )
-    return task.task_id, "<origin@contoso.test>", request.internet_message_id
+    return Pending(task_id, origin, request.internet_message_id, draft)
 
 
 async def test_over_a_thousand_instructions_in_mail_change_no_workspace_state(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     station = Station(tmp_path)
-    task_id, origin, request = await _pending_send(station)
-    parents = {"client_thread": origin, "approval_thread": request}
-    draft = _draft(station, task_id)
-    before = snapshot(station, task_id, draft)
-    assert not before["gate_ready"]
-
     attacks = list(corpus())
     assert len(attacks) >= 1000
     assert {a.place for a in attacks} >= set(PLACES) | set(TRICKS)
+    # The attacks are dealt in turn to several pending sends, not all to one: a task that
+    # took in every attack would make each later message cost more to file (its whole
+    # record is read and rewritten per message), which adds time, not attacks. Each pending
+    # send still takes in every kind, in the corpus's order.
+    pending = [await _pending_send(station, number) for number in range(PENDING)]
+    before = {p.task_id: snapshot(station, p.task_id, p.draft) for p in pending}
+    assert not any(state["gate_ready"] for state in before.values())
+
     outcomes: Counter[str] = Counter()
     checked = 0
-    batch = 100
-    for start in range(0, len(attacks), batch):
+    for start in range(0, len(attacks), BATCH):
         station.clock.advance(minutes=1)
-        chunk = attacks[start : start + batch]
+        chunk = attacks[start : start + BATCH]
         for n, attack in enumerate(chunk, start=start):
-            station.deliver(_raw(attack, n, parents, station.clock))
+            station.deliver(_raw(attack, n, pending[n % PENDING].parents(), station.clock))
         result = await station.intake()
         assert result.item_errors == [] and result.access_errors == []
         for item in result.items:
@@ -387,14 +402,13 @@ async def test_over_a_thousand_instructions_in_mail_change_no_workspace_state(
         assert all(d in COVERED for d in decided.values())
         assert len(decided) == len(chunk)  # what arrived since the last run, once
         # ...and the state an instruction would need to change is untouched.
-        assert snapshot(station, task_id, draft) == before, chunk[0].label()
+        after = {p.task_id: snapshot(station, p.task_id, p.draft) for p in pending}
+        assert after == before, chunk[0].label()
         checked += len(chunk)
     tasks = station.store.list_tasks(WS)
     executions = station.store.counts()["executions_done"]
-    assert executions == 1 + len(attacks)  # every message claimed and reported once
+    assert executions == len(pending) + len(attacks)  # every message claimed and reported once
     assert all(t.workspace_id == WS for t in tasks)
-    ours = station.store.get_task(task_id)
-    assert ours is not None
     flagged = sum(1 for t in tasks if t.content_flags)
     assert flagged > 0
     sent = (
@@ -402,9 +416,10 @@ async def test_over_a_thousand_instructions_in_mail_change_no_workspace_state(
         if "Sent" in station.box.list_folders()
         else []
     )
-    assert len(sent) == 1  # only the approval request: no mail went out because of content
+    assert len(sent) == len(pending)  # only the approval requests: none because of content
     REPORTED["adversarial corpus"] = {
         "messages": len(attacks),
+        "pending_sends": len(pending),
         "state_changes": 0,
         "dispositions": dict(outcomes),
         "tasks": len(tasks),
@@ -412,8 +427,9 @@ async def test_over_a_thousand_instructions_in_mail_change_no_workspace_state(
     }
     with capsys.disabled():
         print(
-            f"\nadversarial corpus: {checked} messages, state unchanged after every batch; "
-            f"dispositions {dict(outcomes)}; {len(tasks)} tasks, {flagged} with display flags"
+            f"\nadversarial corpus: {checked} messages at {len(pending)} pending sends, state "
+            f"unchanged after every batch; dispositions {dict(outcomes)}; {len(tasks)} tasks, "
+            f"{flagged} with display flags"
         )
 
     # Controls: the same changes by their legitimate paths do change the state.
@@ -424,8 +440,9 @@ async def test_over_a_thousand_instructions_in_mail_change_no_workspace_state(
     workspaces.update_workspace(
         station.store, station.data_dir, station.context_file, station.clock.now()
     )
-    after_operator = snapshot(station, task_id, draft)
-    assert after_operator["policy"] != before["policy"]
+    first = pending[0]
+    after_operator = snapshot(station, first.task_id, first.draft)
+    assert after_operator["policy"] != before[first.task_id]["policy"]
     assert "sends_disabled" in after_operator["gate_blockers"]
 
     approval = EmailMessage()
@@ -433,14 +450,14 @@ async def test_over_a_thousand_instructions_in_mail_change_no_workspace_state(
     approval["To"] = MAILBOX
     approval["Subject"] = "Re: Approval needed"
     approval["Message-ID"] = "<real-approval@fabrikam.test>"
-    approval["In-Reply-To"] = request
-    approval["References"] = request
+    approval["In-Reply-To"] = first.request
+    approval["References"] = first.request
     station.clock.advance(minutes=1)
     approval["Date"] = format_datetime(station.clock.now())
     approval.set_content("Approved.")
     station.deliver(approval.as_bytes())
     await station.intake()
-    after_approval = snapshot(station, task_id, draft)
+    after_approval = snapshot(station, first.task_id, first.draft)
     assert after_approval["task_state"] is TaskState.APPROVED_TO_SEND
     assert after_approval["approval_in_force"] is not None
     assert after_approval["open_gates"] == []

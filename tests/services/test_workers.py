@@ -4,11 +4,12 @@ every item still ends in exactly one outcome, its task whole and never moved bac
 
 from __future__ import annotations
 
+import multiprocessing
 import socket
-import subprocess
-import sys
 from collections.abc import Callable
 from datetime import timedelta
+from multiprocessing.connection import Connection
+from multiprocessing.synchronize import Barrier
 from pathlib import Path
 
 import pytest
@@ -40,36 +41,61 @@ class DiesBeforeReport(SqliteStore):
         raise SystemExit("killed before the report")
 
 
-def test_sixteen_processes_opening_a_new_database_together_all_succeed(tmp_path: Path) -> None:
-    # Each child imports everything, says it is ready, then waits on its stdin: the parent
-    # releases all sixteen at once, so they race to create and migrate the same database.
-    code = (
-        "import sys, pathlib\n"
-        "from agent.storage.sqlite import SqliteStore\n"
-        "print('ready', flush=True)\n"
-        "sys.stdin.readline()\n"
-        "SqliteStore(pathlib.Path(sys.argv[1])).close()\n"
-    )
-    for trial in range(5):
-        db = tmp_path / f"t{trial}.db"
+PROCESSES = 16
+TRIALS = 5
+BOUND = 120.0  # seconds any wait on a process of the race may take
+
+
+def _open_at_once(barrier: Barrier, database: str) -> None:
+    """One racing process: wait at the barrier for all the others, then open the store."""
+    barrier.wait(timeout=BOUND)
+    SqliteStore(Path(database)).close()
+
+
+def _race_to_open(databases: list[str], out: Connection) -> None:
+    """The parent of the racing processes, spawned fresh (one thread, the store imported
+    once): for each database in turn, fork PROCESSES processes that wait at one barrier, so
+    that all of them create and migrate the new database at the same moment; send their exit
+    statuses on ``out``."""
+    fork = multiprocessing.get_context("fork")
+    for database in databases:
+        barrier = fork.Barrier(PROCESSES)
         procs = [
-            subprocess.Popen(
-                [sys.executable, "-c", code, str(db)],
-                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-            )
-            for _ in range(16)
-        ]  # fmt: skip
+            fork.Process(target=_open_at_once, args=(barrier, database), daemon=True)
+            for _ in range(PROCESSES)
+        ]
         for proc in procs:
-            assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
+            proc.start()
         for proc in procs:
-            assert proc.stdin is not None
-            proc.stdin.write("go\n")
-            proc.stdin.flush()
-        errors = [p.communicate(timeout=120)[1] for p in procs]
-        assert [p.returncode for p in procs] == [0] * 16, [e for e in errors if e][:1]
-        store = SqliteStore(db)
-        assert store.schema_version() >= 1 and store.integrity_check() == "ok"
-        store.close()
+            proc.join(BOUND)
+        out.send([proc.exitcode for proc in procs])
+
+
+def test_sixteen_processes_opening_a_new_database_together_all_succeed(tmp_path: Path) -> None:
+    # Sixteen OS processes, released together by a barrier, race to create and migrate the
+    # same database (their tracebacks, if any, are in the captured stderr). They are forked
+    # from a helper that imported the store once, not started as interpreters that each
+    # import it: the race is the same, without sixteen start-ups per trial.
+    databases = [tmp_path / f"t{trial}.db" for trial in range(TRIALS)]
+    spawn = multiprocessing.get_context("spawn")
+    results, sender = spawn.Pipe(duplex=False)
+    helper = spawn.Process(target=_race_to_open, args=([str(db) for db in databases], sender))
+    helper.start()
+    sender.close()
+    try:
+        for db in databases:
+            assert results.poll(BOUND), "the racing processes did not all end"
+            assert results.recv() == [0] * PROCESSES
+            store = SqliteStore(db)
+            assert store.schema_version() >= 1 and store.integrity_check() == "ok"
+            store.close()
+        helper.join(BOUND)
+        assert helper.exitcode == 0
+    finally:
+        results.close()
+        if helper.is_alive():
+            helper.kill()
+            helper.join(BOUND)
 
 
 async def test_a_takeover_after_a_crash_still_triages_the_message_as_new(
