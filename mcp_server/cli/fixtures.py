@@ -26,8 +26,11 @@ def fixtures() -> None:
     help="Keep the mock tenant here across restarts (default: in memory only).",
 )
 def fixtures_serve(port: int, state_dir: Path | None) -> None:
-    """Serve every mock surface on 127.0.0.1 until stopped. Prints one JSON line with the
-    base URL once it accepts connections."""
+    """Serve every mock surface on 127.0.0.1 until stopped: the Gmail API, Graph, their
+    OAuth token endpoints, the mock mail MCP servers, Outlook on the web
+    ({base}/web/outlook/mail/) and Gmail ({base}/web/gmail/mail/) with their sign-in pages,
+    and the admin API (docs/fixtures.md). Prints one JSON line with the base URL once it
+    accepts connections."""
     # Imported here: only this command needs the web server.
     from fixtures import serve  # noqa: PLC0415
 

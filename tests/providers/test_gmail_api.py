@@ -532,7 +532,9 @@ def _bulk_mock(address: str, count: int) -> tuple[MailStore, dict[str, str]]:
     message's headers to thread each new one (2,000 deliveries take minutes), and these
     messages, answering none, start threads of their own as Gmail would give them."""
     store = MailStore()
-    account, _, refresh = store.add_account(address, "google", "pw", "JBSWY3DPEHPK3PXP")
+    account, _, refresh = store.add_account(
+        address, "google", "pw", "JBSWY3DPEHPK3PXPJBSWY3DPEHPK3PXP"
+    )
     template = raw_message(0)
     for n in range(count):
         raw = template.replace(b"<c0@", f"<c{n}@".encode())

@@ -11,14 +11,11 @@ Chromium is the system one (``./scripts/setup`` installs it), or ``OUTLOOP_CHROM
 
 from __future__ import annotations
 
-import os
 import re
-import shutil
 from collections import Counter
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TypedDict
 
 import pytest
@@ -26,17 +23,7 @@ from playwright.async_api import Browser, Page, Playwright, async_playwright
 
 from agent.rendering.bidi import Direction
 from agent.rendering.render import RenderedMessage, render_message
-
-LAUNCH_ARGS = [
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-dev-shm-usage",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--no-first-run",
-    "--no-default-browser-check",
-]
+from tests.browser import LAUNCH_ARGS, chromium_executable
 
 HEBREW_REPLY = """\
 תודה על הפנייה לגבי **Outloop Pro**.
@@ -109,28 +96,6 @@ CASES = {
 
 # ---------------------------------------------------------------------------------------------
 # Browser
-
-
-def chromium_executable() -> str:
-    """``OUTLOOP_CHROMIUM``, else the system ``chromium``; a failure (never a skip) without."""
-    configured = os.environ.get("OUTLOOP_CHROMIUM")
-    if configured:
-        if not (Path(configured).is_file() and os.access(configured, os.X_OK)):
-            pytest.fail(
-                f"OUTLOOP_CHROMIUM={configured!r} is not an executable file; unset it and run "
-                "./scripts/setup to install Chromium",
-                pytrace=False,
-            )
-        return configured
-    found = shutil.which("chromium")
-    if found is None:
-        pytest.fail(
-            "Chromium is not installed (no `chromium` on PATH): run ./scripts/setup, which "
-            "installs it with the fonts these tests need, or set OUTLOOP_CHROMIUM to a Chromium "
-            "executable",
-            pytrace=False,
-        )
-    return found
 
 
 @pytest.fixture(scope="module")
