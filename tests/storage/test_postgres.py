@@ -345,8 +345,10 @@ class _Link:
                 break
             mode = self.proxy.take_armed(data)
             if mode == "before":
-                self.close()  # the server never sees COMMIT: it rolls back
+                # Fired before the cut: the client may read back and the test check the
+                # moment the connection drops.
                 self.proxy.fired.set()
+                self.close()  # the server never sees COMMIT: it rolls back
                 return
             if mode == "after":
                 self.swallow = True
@@ -369,8 +371,8 @@ class _Link:
                 self.reply += data
                 if b"COMMIT\x00" in self.reply or READY_FOR_QUERY_AT_END.search(self.reply):
                     self.proxy.commit_acknowledged = self.proxy.acknowledges(bytes(self.reply))
+                    self.proxy.fired.set()  # before the cut, as above
                     self.close()
-                    self.proxy.fired.set()
                     return
                 continue
             try:
