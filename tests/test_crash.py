@@ -87,8 +87,14 @@ class Worker:
             raise subprocess.TimeoutExpired(f"worker {self.pid}", timeout)
         return self.returncode
 
-    def kill(self) -> None:
-        os.kill(self.pid, signal.SIGKILL)
+    def kill(self) -> bool:
+        """SIGKILL it; False when it had already ended (the fork server reaps its children
+        at once, so an ended worker's pid is gone)."""
+        try:
+            os.kill(self.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            return False
+        return True
 
     def finish(self, timeout: float) -> tuple[int, str]:
         """Its exit status and stderr, once it ends within ``timeout`` seconds."""

@@ -167,8 +167,7 @@ def _kill_at_random_moment(
             victim.wait(timeout=rng.uniform(0.0, KILL_WITHIN_S))
     if victim.poll() is not None:
         return False
-    victim.kill()
-    return True
+    return victim.kill()
 
 
 def _round(world: World, cluster: ThrowawayCluster, rng: random.Random, tally: Tally) -> None:
