@@ -57,6 +57,16 @@ class Codes:
     def __reduce__(self) -> NoReturn:
         raise TypeError("authenticator codes are never pickled (the secret would leave the vault)")
 
+    @property
+    def last_step(self) -> int | None:
+        """The step of the last code given (a number, not a code), if any."""
+        return self._last_step
+
+    def used_through(self, step: int | None) -> None:
+        """Codes up to ``step`` were submitted already (by an earlier login): never again."""
+        if step is not None and (self._last_step is None or step > self._last_step):
+            self._last_step = step
+
     def wait_before_next(self) -> float:
         """Seconds to wait before ``next`` may give a code (0: one is ready now)."""
         now = self._clock()

@@ -15,6 +15,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from agent.domain.context import MailboxBinding
 from agent.domain.errors import AuthenticationExpired, ContextError, Unsupported
@@ -30,6 +31,9 @@ from agent.services.workspaces import DataDir
 from agent.storage.backend import DATABASE_URL_SETTING, open_store
 from managed_login import vault
 
+if TYPE_CHECKING:
+    from browser_adapters.session import Browsers
+
 DATA_DIR_ENV = "OUTLOOP_DATA_DIR"
 XDG_DATA_HOME_ENV = "XDG_DATA_HOME"
 MCP_TOKEN_ENV = "OUTLOOP_MCP_TOKEN"  # noqa: S105 - the name of the variable, not a token
@@ -38,8 +42,14 @@ VAULT_DIR_ENV = "OUTLOOP_VAULT_DIR"
 VAULT_BACKEND_ENV = "OUTLOOP_VAULT_BACKEND"
 VAULT_KEY_FILE_ENV = "OUTLOOP_VAULT_KEY_FILE"
 VAULT_KEY_ENV = "OUTLOOP_VAULT_KEY"
+BROWSER_EXECUTABLE_ENV = "OUTLOOP_BROWSER_EXECUTABLE"
+BROWSER_CONNECT_ENV = "OUTLOOP_BROWSER_CONNECT"
+BROWSER_STATE_DIR_ENV = "OUTLOOP_BROWSER_STATE_DIR"
 
 __all__ = [
+    "BROWSER_CONNECT_ENV",
+    "BROWSER_EXECUTABLE_ENV",
+    "BROWSER_STATE_DIR_ENV",
     "CRASHPOINT_ENV",
     "DATABASE_URL_SETTING",
     "DATA_DIR_ENV",
@@ -82,6 +92,26 @@ class Settings:
     """OUTLOOP_VAULT_KEY: the encrypted vault's key itself, when no key file is given. Never
     shown."""
 
+    browser_executable: str | None = None
+    """OUTLOOP_BROWSER_EXECUTABLE: the Chromium the browser channel drives (unset: `chromium`
+    on PATH, else Playwright's own)."""
+    browser_connect: str | None = None
+    """OUTLOOP_BROWSER_CONNECT: a Playwright browser server's ws:// URL, used instead of a
+    local Chromium."""
+    browser_state_dir: Path | None = None
+    """OUTLOOP_BROWSER_STATE_DIR: where each mailbox's browser session is kept (unset:
+    ``browser`` in the data directory)."""
+    browser_headless: bool = True
+    """False only for ``outloop login --headed`` (a person completes a challenge)."""
+
+    @property
+    def browser_directory(self) -> Path:
+        """Where browser sessions are kept: OUTLOOP_BROWSER_STATE_DIR, else
+        ``<data_dir>/browser``."""
+        if self.browser_state_dir is not None:
+            return self.browser_state_dir
+        return self.data_dir / "browser"
+
     @property
     def vault_directory(self) -> Path:
         """Where the vault lives: OUTLOOP_VAULT_DIR, else ``<data_dir>/vault``."""
@@ -105,6 +135,11 @@ def read_settings(
         vault_backend=env.get(VAULT_BACKEND_ENV) or "file",
         vault_key_file=Path(env[VAULT_KEY_FILE_ENV]) if env.get(VAULT_KEY_FILE_ENV) else None,
         vault_key=Secret(env[VAULT_KEY_ENV]) if env.get(VAULT_KEY_ENV) else None,
+        browser_executable=env.get(BROWSER_EXECUTABLE_ENV) or None,
+        browser_connect=env.get(BROWSER_CONNECT_ENV) or None,
+        browser_state_dir=(
+            Path(env[BROWSER_STATE_DIR_ENV]) if env.get(BROWSER_STATE_DIR_ENV) else None
+        ),
     )
 
 
@@ -203,6 +238,7 @@ class Providers:
         self._vault: Vault | None = None
         self._health = health
         self._clock: Clock = clock or SystemClock()
+        self._browsers: Browsers | None = None
         self._refusals: dict[str, Refusal] = {}
         """Refusals met by this process's routes, by mailbox and binding (a changed binding
         is asked again)."""
@@ -301,17 +337,14 @@ class Providers:
             return self._api(workspace_id, binding)
         if channel is Channel.PROVIDER_MCP:
             return self._provider_mcp(workspace_id, binding)
-        if channel is Channel.BROWSER:
-            raise Unsupported(
-                f"mailbox {binding.mailbox_id}: the browser channel (Outlook on the web, Gmail "
-                "in the browser) is not available yet in this version"
-            )
+        if channel is Channel.BROWSER and binding.provider in WEB_APPS:
+            return self._browser(workspace_id, binding)
         raise Unsupported(
             f"mailbox {binding.mailbox_id}: no installed adapter reaches mail system "
             f"{binding.provider!r} through channel {channel}; this version has the embedded "
             "'maildir' (local files, with a path), 'imap' (an IMAP and SMTP server), the APIs "
-            "of 'google' (Gmail) and 'microsoft' (Graph), and a provider MCP server of a "
-            "'microsoft' mailbox"
+            "of 'google' (Gmail) and 'microsoft' (Graph), a provider MCP server of a "
+            "'microsoft' mailbox, and Outlook on the web for a 'microsoft' mailbox"
         )
 
     def _provider_mcp(self, workspace_id: str, binding: MailboxBinding) -> MailProvider:
@@ -325,6 +358,31 @@ class Providers:
         from agent.providers.provider_mcp import open_provider_mcp  # noqa: PLC0415
 
         return open_provider_mcp(binding, read=partial(self._secret, workspace_id, binding))
+
+    def _browser(self, workspace_id: str, binding: MailboxBinding) -> MailProvider:
+        """The provider's web app in this process's browser; the worker's password and
+        authenticator secret are read from the vault when a login needs them (a missing
+        one fails here, named)."""
+        access = binding.browser
+        for name in (access.password, access.totp):
+            self._secret(workspace_id, binding, name)
+        # Imported when first needed: a station that never opens a browser never loads it.
+        from browser_adapters.outlook import open_outlook_web  # noqa: PLC0415
+
+        if self._browsers is None:
+            self._browsers = browser_pool(self._settings)
+        return open_outlook_web(
+            self._browsers,
+            workspace_id,
+            binding,
+            read=partial(self._secret, workspace_id, binding),
+        )
+
+    async def aclose(self) -> None:
+        """Stop this process's browser, if one was started."""
+        if self._browsers is not None:
+            browsers, self._browsers = self._browsers, None
+            await browsers.aclose()
 
     def _api(self, workspace_id: str, binding: MailboxBinding) -> MailProvider:
         """The provider's API with the mailbox's OAuth secrets, each read from the vault
@@ -368,6 +426,24 @@ class Providers:
 def _digest(binding: MailboxBinding) -> str:
     """The binding as it stands (a changed binding is another)."""
     return hashlib.sha256(binding.model_dump_json().encode()).hexdigest()[:16]
+
+
+WEB_APPS = ("microsoft",)
+"""The mail systems whose own web app this version drives (Outlook on the web)."""
+
+
+def browser_pool(settings: Settings) -> Browsers:
+    """This process's browser, as the settings name it."""
+    from browser_adapters.session import Browsers, BrowserSettings  # noqa: PLC0415
+
+    return Browsers(
+        BrowserSettings(
+            state_dir=settings.browser_directory,
+            executable=settings.browser_executable,
+            connect=settings.browser_connect,
+            headless=settings.browser_headless,
+        )
+    )
 
 
 API_PROVIDERS = ("google", "microsoft")

@@ -206,6 +206,42 @@ DIALECTS: dict[str, str] = {"ms365": "microsoft"}
 (``list-mail-messages``, ``get-mail-message-mime``, ``create-reply-draft``, ...)."""
 
 
+class BrowserAccess(_Model):
+    """How a mailbox is reached through its provider's own web app (the browser channel):
+    the app's address, the dedicated worker account that signs in, and the vault names of
+    its password and authenticator secret (managed login reads them; no value is here)."""
+
+    url: str | None = Field(
+        default=None,
+        description="the web app's mail address (default: https://outlook.office.com/mail/ "
+        "for microsoft)",
+    )
+    account: str | None = Field(
+        default=None,
+        description="the worker account that signs in (default: the mailbox's own address)",
+    )
+    password: str = Field(default="password", pattern=NAME_PATTERN)
+    totp: str = Field(
+        default="totp", pattern=NAME_PATTERN, description="the authenticator's setup key"
+    )
+    sent_copy_latency_seconds: int = Field(
+        default=120,
+        ge=0,
+        le=86400,
+        description="the longest a sent message takes to show in the app's search",
+    )
+
+    @field_validator("url")
+    @classmethod
+    def _secure(cls, value: str | None) -> str | None:
+        return None if value is None else _https_or_loopback(value)
+
+    @field_validator("account")
+    @classmethod
+    def _lower(cls, value: str | None) -> str | None:
+        return None if value is None else value.strip().lower()
+
+
 class ProviderMcpAccess(_Model):
     """How a mailbox is reached through a provider's MCP server the workspace permits: the
     server (its command, run over stdio, or its streamable HTTP URL), the tool shapes it
@@ -326,6 +362,11 @@ class MailboxBinding(_Model):
         default=None,
         description="the provider MCP server the workspace permits (a mailbox reached "
         "through the provider_mcp channel)",
+    )
+    browser: BrowserAccess = Field(
+        default_factory=BrowserAccess,
+        description="the provider's web app and the worker account managed login signs in "
+        "with (a mailbox reached through the browser channel)",
     )
 
     @field_validator("channels")

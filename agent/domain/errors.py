@@ -16,6 +16,8 @@
     |   +-- SendStateConflict   a send ledger change the send's state or holder does not allow
     +-- ProviderError           a mail channel failed; adapters translate vendor errors into it
     |   +-- AuthenticationExpired   the channel's sign-in or token is no longer valid
+    |   +-- SignInFailed            a managed login could not sign in (``code``, ``action``)
+    |   |   +-- AuthChallengeUnresolved  the provider shows a page managed login may not pass
     |   +-- Throttled               the provider asks us to slow down (``retry_after`` seconds)
     |   +-- TransientFailure        a failure that may pass (network, 5xx); retried with a bound
     |   |   +-- OutcomeUnknown      a send was handed over and its answer was lost
@@ -128,6 +130,30 @@ class ProviderError(OutloopError):
 
 class AuthenticationExpired(ProviderError):
     """The channel's sign-in, session or token is no longer valid: sign in again."""
+
+
+class SignInFailed(ProviderError):
+    """A managed login could not sign the channel in: the provider refused the stored
+    password or codes, or showed a page the login does not know. Never retried by itself (a
+    wrong password retried locks the account); ``action`` says what the operator does."""
+
+    code = "SIGN_IN_FAILED"
+
+    def __init__(self, message: str, action: str) -> None:
+        super().__init__(f"{self.code}: {message}; {action}")
+        self.action = action
+
+
+class AuthChallengeUnresolved(SignInFailed):
+    """The provider asks for something managed login may not do for a person (approve a
+    push, register more information, unlock the account, prove the browser is not
+    automated). It stops before any client data is read; ``challenge`` names the page."""
+
+    code = "AUTH_CHALLENGE_UNRESOLVED"
+
+    def __init__(self, message: str, action: str, challenge: str) -> None:
+        super().__init__(message, action)
+        self.challenge = challenge
 
 
 class Throttled(ProviderError):

@@ -8,8 +8,9 @@ operation:
   channel cannot be built: no adapter in this version, a secret missing from the vault, no
   server named), an operation the channel cannot do (``Unsupported``), a failure that may
   pass (``TransientFailure``, ``Throttled``), or a sign-in that no longer works
-  (``AuthenticationExpired``). A channel that failed is passed over for ``HOLD`` and then
-  tried first again.
+  (``AuthenticationExpired``) or that managed login could not complete (``SignInFailed``,
+  ``AuthChallengeUnresolved``: recorded with what the operator does). A channel that failed
+  is passed over for ``HOLD`` and then tried first again.
 - An explicit refusal (``AccessRefused``: a 403 permission answer, an administrator's
   policy) is recorded and never routed around: the route never goes past the channel that
   refused. Sends stop; reads and evidence collection go on, through that channel and the
@@ -38,6 +39,7 @@ from agent.domain.errors import (
     NotHandedOver,
     OutcomeUnknown,
     ProviderError,
+    SignInFailed,
     Throttled,
     TransientFailure,
     Unsupported,
@@ -112,7 +114,9 @@ def is_gap(exc: ProviderError) -> bool:
     """An access gap (the next channel may do it), not a refusal or an answer."""
     if isinstance(exc, AccessRefused | OutcomeUnknown):
         return False
-    return isinstance(exc, Unsupported | TransientFailure | Throttled | AuthenticationExpired)
+    return isinstance(
+        exc, Unsupported | TransientFailure | Throttled | AuthenticationExpired | SignInFailed
+    )
 
 
 class AccessRoute:

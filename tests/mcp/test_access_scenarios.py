@@ -238,8 +238,8 @@ async def test_scenario_08_with_no_connector_on_the_api_side_the_browser_is_the_
         assert "outloop connect" in channels["api"]["reason"]
         assert channels["provider_mcp"]["state"] == "gap"
         assert "no server is named" in channels["provider_mcp"]["reason"]
-        assert channels["browser"]["state"] == "not_available"
-        assert "not available yet" in channels["browser"]["reason"]
+        assert channels["browser"]["state"] == "gap"  # its worker's password is not stored
+        assert "outloop vault set" in channels["browser"]["reason"]
         assert mailbox["ok"] is False and mailbox["path"] == "none"
 
         scanned = await call(client, "intake", mailbox_id=station.mailbox)
@@ -251,7 +251,7 @@ async def test_scenario_08_with_no_connector_on_the_api_side_the_browser_is_the_
     recorded = "\n".join(station.health())
     assert "channel api passed over: no connector" in recorded
     assert "channel provider_mcp passed over: no connector" in recorded
-    assert "channel browser passed over" in recorded and "not available yet" in recorded
+    assert "channel browser passed over" in recorded and "cannot be read from the vault" in recorded
 
 
 async def test_an_unreachable_graph_is_an_access_gap_and_the_provider_mcp_server_reads_on(

@@ -1,0 +1,613 @@
+"""Outlook on the web as a channel of a Microsoft mailbox (the ``browser`` channel).
+
+It is the same mailbox Graph reaches, keyed the same way: a message by its Message-ID and
+header fields (read from "View message source"), its thread by the conversation id every
+channel shows (the message list's ``data-convid``, Graph's ``conversationId``). The web
+app's item ids (REST ids in the URL) are this channel's provider ids only.
+
+- Reading: the inbox's message list, one row per conversation, newest first; a
+  conversation whose row changed since the cursor is opened, and each of its inbox items
+  not read yet is read through its message source. The cursor keeps each read
+  conversation's row and each read item (digests only).
+- Opening an item marks it read unless the mailbox's "Mark as read" option says "Don't
+  automatically mark items as read": the adapter sets that option once, before it opens
+  anything (it changes no message).
+- Sending: Reply on the parent, the recipient chips replaced with the plan's and checked
+  against it before Send, the subject set, the rendered HTML inserted as HTML (never
+  typed), Send pressed once. Our copy is marked by the send's body token and found in
+  Sent Items through the app's search. Outlook appends the original below its
+  ``appendonsend`` mark: the read-back is of what we wrote above it.
+- Signed out (at the start, or in the middle of anything): managed login in a context of
+  its own, the account re-verified before anything is read, then the step again.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import html
+import json
+import re
+import zlib
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote, unquote, urlsplit
+
+from playwright.async_api import Error as PlaywrightError
+from playwright.async_api import Page, Response
+
+from agent.domain.context import MailboxBinding
+from agent.domain.errors import (
+    CursorExpired,
+    NotFound,
+    NotHandedOver,
+    OutcomeUnknown,
+    ProviderError,
+    SignInFailed,
+    TransientFailure,
+    Unsupported,
+)
+from agent.domain.handover import check_handover
+from agent.domain.mail import (
+    AttachmentData,
+    Capabilities,
+    ChangePage,
+    Channel,
+    Handover,
+    Marker,
+    MarkerKind,
+    MessageBody,
+    OutgoingMessage,
+    ProviderHealth,
+    ScannedMessage,
+    SendResult,
+    StoredCopy,
+)
+from agent.domain.secrets import Secret
+from agent.providers import mime, rfc822
+from browser_adapters.outlook_pages import Composer, MailPage
+from browser_adapters.session import Browsers, MailboxBrowser
+from managed_login.flow import LoginReport, WorkerSignIn
+from managed_login.microsoft import MicrosoftLogin
+from managed_login.totp import Codes
+
+PROVIDER = "microsoft"
+CURSOR_PREFIX = "owa1."
+DIGEST = 12
+REPLY_MARK = re.compile(r'<div id="appendonsend"></div>.*', re.S | re.I)
+QUOTE_RULE = "\n" + "_" * 32
+"""The line Outlook's plain text puts above the original it answers."""
+MARK_AS_READ_OFF = "Don't automatically mark items as read"
+
+
+def _digest(value: str) -> str:
+    return hashlib.sha256(value.encode()).hexdigest()[:DIGEST]
+
+
+@dataclass
+class _Cursor:
+    """What was read: each read conversation's row as it was, and each read item."""
+
+    rows: dict[str, str] = field(default_factory=dict[str, str])
+    seen: set[str] = field(default_factory=set[str])
+
+    def encode(self) -> str:
+        data = json.dumps({"r": self.rows, "s": sorted(self.seen)}, separators=(",", ":"))
+        packed = base64.urlsafe_b64encode(zlib.compress(data.encode())).decode()
+        return CURSOR_PREFIX + packed
+
+    @classmethod
+    def decode(cls, text: str) -> _Cursor:
+        try:
+            if not text.startswith(CURSOR_PREFIX):
+                raise ValueError(text[:10])
+            data: Any = json.loads(zlib.decompress(base64.urlsafe_b64decode(text[5:])))
+            rows = {str(k): str(v) for k, v in dict(data["r"]).items()}
+            return cls(rows, {str(s) for s in data["s"]})
+        except (ValueError, KeyError, TypeError, zlib.error):
+            raise CursorExpired("not a cursor of the Outlook on the web channel") from None
+
+
+@dataclass(frozen=True)
+class _Item:
+    rest_id: str
+    folder: str
+
+
+class OutlookWeb:
+    """One Microsoft mailbox through Outlook on the web (implements ``MailProvider``)."""
+
+    def __init__(
+        self,
+        browser: MailboxBrowser,
+        mailbox_id: str,
+        app_url: str,
+        worker: Callable[[], WorkerSignIn],
+        *,
+        workspace_id: str,
+        account: str | None = None,
+        page_size: int = 25,
+        sent_copy_latency: timedelta = timedelta(seconds=120),
+    ) -> None:
+        self._browser = browser
+        self._mailbox_id = mailbox_id.lower()
+        self._account = (account or mailbox_id).lower()
+        self._verified = False
+        self._app = app_url.rstrip("/") + "/"
+        self._worker = worker
+        self._workspace_id = workspace_id
+        self._page: Page | None = None
+        self._mark_as_read_checked = False
+        self._by_message_id: dict[str, _Item] = {}
+        self.capabilities_ = Capabilities(
+            channel=Channel.BROWSER,
+            native_threads=True,
+            markers=(MarkerKind.BODY_TOKEN,),
+            sent_copy_latency=sent_copy_latency,
+            page_size=page_size,
+        )
+        self.last_login: LoginReport | None = None
+
+    @property
+    def provider(self) -> str:
+        return PROVIDER
+
+    @property
+    def session_file(self) -> Path:
+        """Where the mailbox's browser session is kept (mode 600)."""
+        return self._browser.state_file
+
+    @property
+    def mailbox_id(self) -> str:
+        return self._mailbox_id
+
+    @property
+    def capabilities(self) -> Capabilities:
+        return self.capabilities_
+
+    # -- the port: each operation holds the mailbox's browser ----------------------------
+
+    async def changes(self, cursor: str | None) -> ChangePage:
+        async with self._browser.driving():
+            return await self._changes(cursor)
+
+    async def fetch_body(self, body_ref: str) -> MessageBody:
+        async with self._browser.driving():
+            return await self._fetch_body(body_ref)
+
+    async def fetch_attachment(self, ref: str) -> AttachmentData:
+        async with self._browser.driving():
+            return await self._fetch_attachment(ref)
+
+    async def prepare(self, message: OutgoingMessage) -> Handover:
+        async with self._browser.driving():
+            return await self._prepare(message)
+
+    async def send(self, handover: Handover) -> SendResult:
+        async with self._browser.driving():
+            return await self._send(handover)
+
+    async def find_sent(self, marker: Marker) -> StoredCopy | None:
+        async with self._browser.driving():
+            return await self._find_sent(marker)
+
+    async def health(self) -> ProviderHealth:
+        async with self._browser.driving():
+            return await self._health()
+
+    # -- the page, signed in -------------------------------------------------------------
+
+    def _in_app(self, url: str) -> bool:
+        return url.startswith(self._app)
+
+    async def _open(self, path: str) -> MailPage:
+        """The app's page at ``path`` (relative to the mail app), signing in first when the
+        app sends the browser to sign-in."""
+        page = await self._working_page()
+        await page.goto(self._app + path)
+        if not self._in_app(page.url):
+            await self._sign_in()
+            page = await self._working_page()
+            await page.goto(self._app + path)
+            if not self._in_app(page.url):
+                raise SignInFailed(
+                    f"mailbox {self._mailbox_id}: Outlook sent the browser to sign in again "
+                    "right after a managed login",
+                    "run `outloop login` for the mailbox and check its output",
+                )
+        shown = MailPage(page)
+        if not self._verified:
+            await self._verify_account(shown)
+        return shown
+
+    async def _working_page(self) -> Page:
+        if self._page is None or self._page.is_closed():
+            self._verified = False  # a new page of a session: whose it is is checked again
+            context = await self._browser.context()
+            self._page = await context.new_page()
+        return self._page
+
+    async def login(self) -> LoginReport:
+        """Sign the mailbox's browser in now (``outloop login``): nothing is typed when
+        its kept session is still signed in."""
+        async with self._browser.driving():
+            shown = await self._open("inbox")
+            await shown.account.wait_for()
+            if self.last_login is None:
+                return LoginReport(account=self._mailbox_id, steps=(), signed_in=False)
+            return self.last_login
+
+    async def _sign_in(self) -> LoginReport:
+        """Managed login in a context of its own; the signed-in account verified before
+        the session is kept and anything is read."""
+        self._page = None
+        async with self._browser.sign_in_context() as context:
+            page = await context.new_page()
+            await page.goto(self._app)
+            worker = self._worker()
+            worker.codes.used_through(self._browser.last_code_step())
+            arrived = MailPage(page).account
+            login = MicrosoftLogin(
+                page,
+                worker,
+                arrived,
+                workspace_id=self._workspace_id,
+                mailbox_id=self._mailbox_id,
+                timeout_ms=self._browser.timeout_ms,
+            )
+            try:
+                report = await login.run()
+            finally:
+                self._browser.keep_code_step(worker.codes.last_step)
+            await self._verify_account(MailPage(page))
+        self.last_login = report
+        return report
+
+    async def _verify_account(self, shown: MailPage) -> None:
+        """The app shows the bound account, or nothing is read: the kept session is
+        dropped and the login refused."""
+        await shown.account.click()
+        card = (await shown.account_card.inner_text()).lower().split()
+        await shown.page.keyboard.press("Escape")
+        if self._account not in card:
+            self._browser.forget()
+            self._page = None
+            raise SignInFailed(
+                f"mailbox {self._mailbox_id}: the browser is signed in to another account than "
+                f"{self._account}; nothing was read and the session was dropped",
+                "check the mailbox's worker account in the Workspace Context (browser.account)",
+            )
+        self._verified = True
+
+    async def _no_mark_as_read(self) -> None:
+        """Opening an item must not mark it read: the option is set once, before anything
+        is opened (the app's own setting; no message changes)."""
+        if self._mark_as_read_checked:
+            return
+        page = (await self._open("options/mail/messageHandling")).page
+        option = page.get_by_role("radio", name=MARK_AS_READ_OFF)
+        if not await option.is_checked():
+            await option.check()
+            await page.get_by_role("button", name="Save").click()
+            await page.get_by_role("radio", name=MARK_AS_READ_OFF, checked=True).wait_for()
+        self._mark_as_read_checked = True
+
+    # -- reading -------------------------------------------------------------------------
+
+    async def _changes(self, cursor: str | None) -> ChangePage:
+        state = _Cursor() if cursor is None else _Cursor.decode(cursor)
+        await self._no_mark_as_read()
+        rows = await self._rows("inbox")
+        found: list[ScannedMessage] = []
+        for conversation, label, href in reversed(rows):
+            if state.rows.get(_digest(conversation)) == _digest(label):
+                continue
+            for item in await self._conversation(href):
+                if item.folder != "inbox" or _digest(item.rest_id) in state.seen:
+                    continue
+                if len(found) == self.capabilities_.page_size:
+                    return ChangePage(items=tuple(found), cursor=state.encode(), more=True)
+                found.append(await self._scanned(item, conversation))
+                state.seen.add(_digest(item.rest_id))
+            state.rows[_digest(conversation)] = _digest(label)
+        return ChangePage(items=tuple(found), cursor=state.encode(), more=False)
+
+    async def _rows(self, folder: str) -> list[tuple[str, str, str]]:
+        shown = await self._open(folder)
+        await shown.message_list.wait_for()
+        return await shown.rows.evaluate_all(
+            "rows => rows.map(r => [r.dataset.convid || '', r.getAttribute('aria-label') || '',"
+            " r.dataset.href || ''])"
+        )
+
+    async def _conversation(self, href: str) -> list[_Item]:
+        """The items of a conversation, oldest first, with the folder each is in."""
+        page = await self._working_page()
+        await page.goto(urlsplit(page.url)._replace(path=href, query="").geturl())
+        shown = MailPage(page)
+        await shown.reading.wait_for()
+        here = urlsplit(page.url).path
+        found: list[list[str]] = await shown.items.evaluate_all(
+            "els => els.map(e => [e.dataset.itemId || '', e.dataset.href || ''])"
+        )
+        return [_Item(item_id, _folder_of(link or here)) for item_id, link in found]
+
+    async def _scanned(self, item: _Item, conversation: str) -> ScannedMessage:
+        raw = await self._source(item.rest_id)
+
+        def thread(*_: object) -> str:
+            return conversation
+
+        try:
+            envelope = rfc822.normalize(
+                raw,
+                provider=PROVIDER,
+                mailbox_id=self._mailbox_id,
+                provider_message_id=item.rest_id,
+                thread_id_for=thread,
+                fallback_received_at=datetime.now(UTC),
+            )
+        except Exception as exc:  # a message the app shows but no parser reads
+            return ScannedMessage(item_ref=item.rest_id, error=f"could not be normalized ({exc})")
+        if envelope.internet_message_id is not None:
+            self._by_message_id[envelope.internet_message_id] = item
+        return ScannedMessage(item_ref=item.rest_id, envelope=envelope)
+
+    async def _show(self, rest_id: str) -> MailPage:
+        """The item's page, or ``NotFound`` when the app does not show it."""
+        await self._no_mark_as_read()
+        shown = await self._open("id/" + quote(rest_id, safe=""))
+        try:
+            await shown.shown_item.wait_for(timeout=self._browser.timeout_ms)
+        except PlaywrightError:
+            raise NotFound(f"mailbox {self._mailbox_id} shows no item {rest_id!r}") from None
+        if await shown.shown_item.get_attribute("data-item-id") != rest_id:
+            raise NotFound(f"mailbox {self._mailbox_id} shows no item {rest_id!r}")
+        return shown
+
+    async def _source(self, rest_id: str) -> bytes:
+        shown = await self._show(rest_id)
+        await shown.more_actions.click()
+        await shown.view_source.click()
+        await shown.source.wait_for()
+        text = await shown.source.inner_text()
+        await shown.page.keyboard.press("Escape")
+        return text.replace("\r\n", "\n").replace("\n", "\r\n").encode("utf-8", "surrogateescape")
+
+    async def _fetch_body(self, body_ref: str) -> MessageBody:
+        return rfc822.body(await self._source(body_ref))
+
+    async def _fetch_attachment(self, ref: str) -> AttachmentData:
+        item, _, index = ref.rpartition("/")
+        if not item or not index.isdigit():
+            raise NotFound(f"{ref!r} is not an attachment reference of this channel")
+        found = rfc822.attachments(await self._source(item), item)
+        if int(index) >= len(found):
+            raise NotFound(f"item {item!r} of mailbox {self._mailbox_id} has no file {index}")
+        return found[int(index)]
+
+    # -- sending -------------------------------------------------------------------------
+
+    async def _prepare(self, message: OutgoingMessage) -> Handover:
+        try:
+            for address in (message.sender, *message.to, *message.cc):
+                mime.mailbox(address)
+        except mime.UnsendableHeader as exc:
+            raise ProviderError(f"the message cannot be written in Outlook: {exc}") from None
+        if message.sender.address != self._mailbox_id:
+            raise ProviderError(f"Outlook sends from {self._mailbox_id} only")
+        if message.in_reply_to is None:
+            raise Unsupported("this channel sends replies inside a thread only")
+        await self._parent(message)
+        token = mime.send_token(message.internet_message_id)
+        if token not in message.text and token not in (message.html or ""):
+            raise ProviderError("the message does not carry its send token (the body marker)")
+        return Handover(
+            message=message,
+            channel=Channel.BROWSER.value,
+            recipients=_lists([a.address for a in message.to], [a.address for a in message.cc]),
+            marker=Marker(kind=MarkerKind.BODY_TOKEN, value=token),
+        )
+
+    async def _parent(self, message: OutgoingMessage) -> _Item:
+        wanted = message.in_reply_to
+        assert wanted is not None
+        if wanted not in self._by_message_id:
+            for conversation, _, href in await self._rows("inbox"):
+                if conversation != message.provider_thread_id:
+                    continue
+                for item in await self._conversation(href):
+                    await self._scanned(item, conversation)
+        if wanted not in self._by_message_id:
+            raise ProviderError(f"the message {wanted} answered is not in the mailbox")
+        return self._by_message_id[wanted]
+
+    async def _send(self, handover: Handover) -> SendResult:
+        message = handover.message
+        parent = await self._parent(message)
+        shown = await self._show(parent.rest_id)
+        await shown.reply.click()
+        composer = Composer(shown.page)
+        await composer.body.wait_for()
+        await self._recipients(composer, handover)
+        await composer.subject.fill(message.subject)
+        await _insert_html(composer, _html_of(message))
+        if message.attachments:
+            await composer.attach.set_input_files(
+                [
+                    {"name": f.ref.name, "mimeType": f.ref.content_type, "buffer": f.data}
+                    for f in message.attachments
+                ]
+            )
+            await composer.attached.nth(len(message.attachments) - 1).wait_for()
+        answer = await self._press_send(composer)
+        return SendResult(
+            provider_message_id=str(answer.get("sent", "")),
+            provider_thread_id=message.provider_thread_id,
+            internet_message_id=message.internet_message_id,
+            channel=Channel.BROWSER.value,
+            delivered=True,
+            accepted_at=datetime.now(UTC),
+        )
+
+    async def _recipients(self, composer: Composer, handover: Handover) -> None:
+        """The chips replaced with the plan's, then read back and checked against it."""
+        message = handover.message
+        plan = {"to": [a.address for a in message.to], "cc": [a.address for a in message.cc]}
+        for name, wanted in plan.items():
+            for address in await _chips(composer, name):
+                await composer.remove(address).click()
+            for address in wanted:
+                await composer.field(name).fill(address)
+                await composer.field(name).press("Enter")
+        shown = _lists(await _chips(composer, "to"), await _chips(composer, "cc"))
+        problems = check_handover(handover.model_copy(update={"recipients": shown}))
+        if problems:
+            await composer.discard.click()
+            raise NotHandedOver(
+                "Outlook's recipient chips are not the plan (nothing sent): " + "; ".join(problems)
+            )
+
+    async def _press_send(self, composer: Composer) -> dict[str, Any]:
+        page = composer.root.page
+        try:
+            async with page.expect_response(_is_send) as answered:
+                await composer.send.click()
+            response: Response = await answered.value
+        except PlaywrightError as exc:
+            raise OutcomeUnknown(
+                f"Outlook's answer to Send was lost ({type(exc).__name__})"
+            ) from None
+        if response.status == 401:
+            raise OutcomeUnknown("Outlook signed the browser out while it sent")
+        if response.status >= 500 or response.status == 429:
+            raise OutcomeUnknown(f"Outlook answered Send with HTTP {response.status}")
+        answer: Any = await response.json()
+        if response.status != 200 or not isinstance(answer, dict):
+            raise NotHandedOver(f"Outlook refused the message (HTTP {response.status})")
+        return dict(answer)  # pyright: ignore[reportUnknownArgumentType]
+
+    async def _find_sent(self, marker: Marker) -> StoredCopy | None:
+        if marker.kind is not MarkerKind.BODY_TOKEN:
+            raise Unsupported(
+                f"this channel finds sent copies by body token only, not {marker.kind}"
+            )
+        shown = await self._open("search?q=" + quote(marker.value))
+        await shown.message_list.wait_for(state="attached")
+        hits: list[list[str]] = await shown.rows.evaluate_all(
+            "rows => rows.map(r => [r.dataset.href || '', r.dataset.convid || ''])"
+        )
+        for href, conversation in hits:
+            item = unquote(href.rsplit("/id/", 1)[-1])
+            if _folder_of(href) != "sentitems":
+                continue
+            raw = await self._source(item)
+            parsed = rfc822.parse(raw)
+            if marker.value not in rfc822.body(raw).text + (rfc822.body(raw).html or ""):
+                continue
+            del parsed
+            return _ours(
+                rfc822.stored_copy(
+                    raw, provider_message_id=item, provider_thread_id=conversation, delivered=True
+                )
+            )
+        return None
+
+    async def _health(self) -> ProviderHealth:
+        try:
+            shown = await self._open("inbox")
+            await shown.account.wait_for()
+        except (SignInFailed, TransientFailure) as exc:
+            return ProviderHealth(
+                provider=PROVIDER, mailbox_id=self._mailbox_id, ok=False, detail=str(exc)
+            )
+        return ProviderHealth(
+            provider=PROVIDER,
+            mailbox_id=self._mailbox_id,
+            ok=True,
+            detail=f"Outlook on the web shows mailbox {self._mailbox_id}",
+        )
+
+    async def aclose(self) -> None:
+        self._page = None
+        await self._browser.aclose()
+
+
+def _folder_of(path: str) -> str:
+    parts = urlsplit(path).path.split("/")
+    return parts[parts.index("id") - 1] if "id" in parts[1:] else "inbox"
+
+
+def _is_send(response: Response) -> bool:
+    return response.request.method == "POST" and response.url.endswith("/_api/send")
+
+
+def _lists(to: Sequence[str], cc: Sequence[str]) -> tuple[tuple[str, tuple[str, ...]], ...]:
+    return (("to", tuple(to)), ("cc", tuple(cc)))
+
+
+async def _chips(composer: Composer, name: str) -> list[str]:
+    return await composer.chips(name).evaluate_all("els => els.map(e => e.dataset.address)")
+
+
+def _html_of(message: OutgoingMessage) -> str:
+    if message.html is not None:
+        return message.html
+    lines = "".join(
+        f"<div>{html.escape(line) or '<br>'}</div>" for line in message.text.split("\n")
+    )
+    return f'<div dir="ltr">{lines}</div>'
+
+
+async def _insert_html(composer: Composer, markup: str) -> None:
+    """The rendered HTML inserted as HTML (the editor's insertHTML), never typed."""
+    await composer.body.click()
+    await composer.body.evaluate(
+        "(el, markup) => { el.focus(); document.execCommand('insertHTML', false, markup); }",
+        markup,
+    )
+
+
+def _ours(copy: StoredCopy) -> StoredCopy:
+    """The copy as we wrote it: Outlook's quote of the original (below its
+    ``appendonsend`` mark) is not ours."""
+    if copy.html is None or not REPLY_MARK.search(copy.html):
+        return copy
+    mine = REPLY_MARK.sub("</body></html>", copy.html)
+    text = copy.text.split(QUOTE_RULE, 1)[0].rstrip() + "\n"
+    return copy.model_copy(update={"html": mine, "text": text})
+
+
+DEFAULT_URL = "https://outlook.office.com/mail/"
+
+
+def open_outlook_web(
+    browsers: Browsers,
+    workspace_id: str,
+    binding: MailboxBinding,
+    *,
+    read: Callable[[str], Secret],
+) -> OutlookWeb:
+    """The mailbox's Outlook on the web channel, its worker's secrets read by name from the
+    vault when a login needs them."""
+    access = binding.browser
+
+    def worker() -> WorkerSignIn:
+        return WorkerSignIn(
+            account=access.account or binding.mailbox_id,
+            password=read(access.password),
+            codes=Codes(read(access.totp)),
+        )
+
+    return OutlookWeb(
+        MailboxBrowser(browsers, workspace_id, binding.mailbox_id),
+        binding.mailbox_id,
+        access.url or DEFAULT_URL,
+        worker,
+        workspace_id=workspace_id,
+        account=access.account,
+        sent_copy_latency=timedelta(seconds=access.sent_copy_latency_seconds),
+    )

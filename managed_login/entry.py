@@ -1,0 +1,71 @@
+"""How a secret reaches a sign-in page without Playwright recording it anywhere.
+
+Playwright records what its own input calls are given: ``fill`` and ``type`` put the value
+into the trace's action parameters, the ``pw:api`` log and the call log of a timeout's
+exception; ``keyboard.*`` and ``evaluate`` arguments go into the trace; DOM snapshots copy
+every input's value. A value sent as Chrome DevTools ``Input.insertText`` on a CDP session
+of its own is in none of them (only in ``DEBUG=pw:protocol``, which a login refuses to run
+under). So a secret is typed here, into the focused field, through a session opened for it
+and closed at once; the caller clears the field if the page stays on it.
+
+Sign-in pages run in a browser context of their own that never traces, records HAR or
+video, and is closed before any traced work begins (``browser_adapters.session``).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from typing import Any, cast
+
+from playwright.async_api import Locator
+
+from agent.domain.errors import SignInFailed
+from agent.domain.secrets import Secret
+
+RECORDING_SETTINGS = ("DEBUG", "DEBUGP", "PWDEBUG")
+"""Environment variables under which Playwright prints what it sends to the browser."""
+
+
+def recording_settings(environ: Mapping[str, str] | None = None) -> list[str]:
+    """The set variables that would make Playwright print a typed value (``DEBUG`` only
+    when it names Playwright's own logs)."""
+    env = os.environ if environ is None else environ
+    found: list[str] = []
+    for name in RECORDING_SETTINGS:
+        value = env.get(name, "")
+        if value and (name != "DEBUG" or "pw:" in value or value.strip() == "*"):
+            found.append(name)
+    return found
+
+
+def refuse_recording(environ: Mapping[str, str] | None = None) -> None:
+    """Refuse to sign in where Playwright would print what the page is given."""
+    found = recording_settings(environ)
+    if found:
+        raise SignInFailed(
+            f"managed login will not type a secret while {', '.join(found)} is set "
+            "(Playwright would print it)",
+            f"unset {' and '.join(found)} and run again",
+        )
+
+
+async def enter_secret(field: Locator, secret: Secret) -> None:
+    """Type ``secret`` into ``field`` (emptied first) through a DevTools session of its
+    own; nothing Playwright records is given the value."""
+    refuse_recording()
+    await field.focus()
+    await field.evaluate("el => { el.value = ''; }")
+    page = field.page
+    session = await page.context.new_cdp_session(page)
+    try:
+        send = cast("Any", session).send  # its params are typed Dict[Unknown, Unknown]
+        await send("Input.insertText", {"text": secret.reveal()})
+    finally:
+        await session.detach()
+
+
+async def clear_field(field: Locator) -> None:
+    """Empty a credential field the page still shows (a refused value stays typed in)."""
+    if await field.count():
+        await field.evaluate("el => { el.value = ''; }")

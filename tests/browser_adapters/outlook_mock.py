@@ -1,0 +1,112 @@
+"""A Microsoft mailbox of a mock server of the module's own, reached through Outlook on the
+web in headless Chromium: what the Outlook Web adapter's tests share."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from agent.domain.secrets import Secret
+from agent.providers import mime
+from browser_adapters.outlook import OutlookWeb
+from browser_adapters.session import Browsers, BrowserSettings, MailboxBrowser
+from fixtures.admin import MockAdmin
+from managed_login.flow import WorkerSignIn
+from managed_login.totp import Codes
+from tests.browser import chromium_executable
+
+SECRET = "JBSWY3DPEHPK3PXPJBSWY3DPEHPK3PXP"
+CLOCK = 1_800_000_001.0
+"""The web clock of these tests: one second into a TOTP step (29 s of it left)."""
+APP = "/web/outlook/mail/"
+
+
+@dataclass
+class WebClock:
+    """The TOTP clock, shared by the mock (``web_clock``) and the worker's codes; a wait
+    for the next step moves both instead of waiting."""
+
+    admin: MockAdmin
+    now: float = CLOCK
+
+    def __post_init__(self) -> None:
+        self.admin.faults(web_clock=self.now)
+
+    def __call__(self) -> float:
+        return self.now
+
+    async def sleep(self, seconds: float) -> None:
+        self.now += seconds
+        self.admin.faults(web_clock=self.now)
+
+
+@dataclass
+class OutlookAccount:
+    """One Microsoft account of the mock, and adapters reaching it through the web."""
+
+    admin: MockAdmin
+    address: str
+    state_dir: Path
+    clock: WebClock
+    password: str = ""
+    browsers: list[Browsers] = field(default_factory=list[Browsers])
+
+    def __post_init__(self) -> None:
+        self.admin.account(self.address, "microsoft")
+        self.password = self.password or "pw-" + self.address
+
+    def worker(self) -> WorkerSignIn:
+        codes = Codes(Secret(SECRET), clock=self.clock, sleep=self.clock.sleep)
+        return WorkerSignIn(account=self.address, password=Secret(self.password), codes=codes)
+
+    def settings(self) -> BrowserSettings:
+        return BrowserSettings(
+            state_dir=self.state_dir, executable=chromium_executable(), timeout_seconds=10
+        )
+
+    def build(
+        self, *, page_size: int = 3, worker: Callable[[], WorkerSignIn] | None = None
+    ) -> OutlookWeb:
+        browsers = Browsers(self.settings())
+        self.browsers.append(browsers)
+        return OutlookWeb(
+            MailboxBrowser(browsers, "ws-test", self.address),
+            self.address,
+            self.admin.base_url + APP,
+            worker or self.worker,
+            workspace_id="ws-test",
+            page_size=page_size,
+        )
+
+    async def aclose(self) -> None:
+        for browsers in self.browsers:
+            await browsers.aclose()
+        self.browsers.clear()
+
+    def deliver(self, raw: bytes) -> dict[str, Any]:
+        return self.admin.deliver(self.address, raw)
+
+    def stored(self, folder: str | None = None) -> list[dict[str, Any]]:
+        return self.admin.stored(self.address, folder)
+
+    def snapshot(self) -> dict[str, str]:
+        """Each message (its folder, labels, categories, read flag and bytes) as a digest."""
+        return {
+            f"{m['folder']}/{m['id']}": hashlib.sha256(
+                json.dumps([m["labels"], m["categories"], m["is_read"], m["raw_base64"]]).encode()
+            ).hexdigest()
+            for m in self.stored()
+        }
+
+    def sent_copies(self, message_id: str) -> int:
+        """Sent copies carrying the send token of ``message_id``, and every copy of the
+        account still delayed (the mock lists those by id only)."""
+        token = mime.send_token(message_id).encode()
+        filed = sum(1 for m in self.stored("sent") if token in base64.b64decode(m["raw_base64"]))
+        pending = self.admin.call("GET", "/_admin/faults")["delayed"]
+        return filed + sum(1 for p in pending if p["account"] == self.address)
