@@ -41,6 +41,7 @@ from playwright.async_api import Page, Response
 
 from agent.domain.context import MailboxBinding
 from agent.domain.errors import (
+    AuthChallengeUnresolved,
     CursorExpired,
     NotFound,
     NotHandedOver,
@@ -70,7 +71,7 @@ from agent.domain.secrets import Secret
 from agent.providers import mime, rfc822
 from browser_adapters.outlook_pages import Composer, MailPage
 from browser_adapters.session import Browsers, MailboxBrowser
-from managed_login.flow import LoginReport, WorkerSignIn
+from managed_login.flow import LoginReport, Step, WorkerSignIn
 from managed_login.microsoft import MicrosoftLogin
 from managed_login.totp import Codes
 
@@ -129,6 +130,7 @@ class OutlookWeb:
         *,
         workspace_id: str,
         account: str | None = None,
+        person_seconds: float | None = None,
         page_size: int = 25,
         sent_copy_latency: timedelta = timedelta(seconds=120),
     ) -> None:
@@ -136,6 +138,9 @@ class OutlookWeb:
         self._mailbox_id = mailbox_id.lower()
         self._account = (account or mailbox_id).lower()
         self._verified = False
+        self._person_seconds = person_seconds
+        """In a visible browser (``outloop login --headed``): how long a person has to
+        complete a challenge managed login stopped at."""
         self._app = app_url.rstrip("/") + "/"
         self._worker = worker
         self._workspace_id = workspace_id
@@ -260,6 +265,13 @@ class OutlookWeb:
             )
             try:
                 report = await login.run()
+            except AuthChallengeUnresolved:
+                if self._person_seconds is None:
+                    raise
+                await arrived.wait_for(timeout=self._person_seconds * 1000)
+                report = LoginReport(
+                    account=worker.account, steps=(Step.BY_PERSON, Step.ARRIVED), signed_in=True
+                )
             finally:
                 self._browser.keep_code_step(worker.codes.last_step)
             await self._verify_account(MailPage(page))
@@ -590,6 +602,7 @@ def open_outlook_web(
     binding: MailboxBinding,
     *,
     read: Callable[[str], Secret],
+    person_seconds: float | None = None,
 ) -> OutlookWeb:
     """The mailbox's Outlook on the web channel, its worker's secrets read by name from the
     vault when a login needs them."""
@@ -609,5 +622,6 @@ def open_outlook_web(
         worker,
         workspace_id=workspace_id,
         account=access.account,
+        person_seconds=person_seconds,
         sent_copy_latency=timedelta(seconds=access.sent_copy_latency_seconds),
     )

@@ -33,6 +33,8 @@ class Step(StrEnum):
     METHOD = "method"
     CODE = "code"
     STAY_SIGNED_IN = "stay_signed_in"
+    BY_PERSON = "completed_by_person"
+    """A person completed what managed login may not (``outloop login --headed``)."""
     ARRIVED = "arrived"
 
 

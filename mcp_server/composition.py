@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from agent.domain.context import MailboxBinding
-from agent.domain.errors import AuthenticationExpired, ContextError, Unsupported
+from agent.domain.errors import AccessRefused, AuthenticationExpired, ContextError, Unsupported
 from agent.domain.mail import Channel
 from agent.domain.secrets import CredentialRef, Secret
 from agent.ports import Clock, EmbeddedStore, Health, MailProvider, TaskBoard, Vault
@@ -32,6 +32,7 @@ from agent.storage.backend import DATABASE_URL_SETTING, open_store
 from managed_login import vault
 
 if TYPE_CHECKING:
+    from browser_adapters.outlook import OutlookWeb
     from browser_adapters.session import Browsers
 
 DATA_DIR_ENV = "OUTLOOP_DATA_DIR"
@@ -160,6 +161,11 @@ class Station:
     store: EmbeddedStore
     """Every storage role; services take the roles they use from it."""
     provider_for: ProviderFactory
+
+    async def aclose_channels(self) -> None:
+        """Stop what the channels started in this process (a browser)."""
+        if isinstance(self.provider_for, Providers):
+            await self.provider_for.aclose()
 
     @property
     def board(self) -> TaskBoard:
@@ -359,7 +365,40 @@ class Providers:
 
         return open_provider_mcp(binding, read=partial(self._secret, workspace_id, binding))
 
-    def _browser(self, workspace_id: str, binding: MailboxBinding) -> MailProvider:
+    def only(self, channel: Channel) -> ProviderFactory:
+        """Each mailbox through ``channel`` alone (``outloop run --access browser``): a
+        mailbox whose context does not permit it is not read."""
+
+        def build(workspace_id: str, binding: MailboxBinding) -> MailProvider:
+            if channel not in binding.permitted_channels:
+                raise AccessRefused(
+                    f"mailbox {binding.mailbox_id} does not permit the {channel} channel in "
+                    f"workspace {workspace_id}'s context"
+                )
+            return self._build(workspace_id, binding, channel)
+
+        return build
+
+    def browser(
+        self, workspace_id: str, binding: MailboxBinding, *, person_seconds: float | None = None
+    ) -> OutlookWeb:
+        """The mailbox's browser channel (``outloop login``): ``person_seconds`` is how long a
+        person has to complete a challenge in a visible browser."""
+        if Channel.BROWSER not in binding.permitted_channels:
+            raise AccessRefused(
+                f"mailbox {binding.mailbox_id} does not permit the browser channel in workspace "
+                f"{workspace_id}'s context; add 'browser' to its channels first"
+            )
+        if binding.provider not in WEB_APPS:
+            raise Unsupported(
+                f"mailbox {binding.mailbox_id}: this version drives the web app of "
+                f"{', '.join(WEB_APPS)} mailboxes only"
+            )
+        return self._browser(workspace_id, binding, person_seconds)
+
+    def _browser(
+        self, workspace_id: str, binding: MailboxBinding, person_seconds: float | None = None
+    ) -> OutlookWeb:
         """The provider's web app in this process's browser; the worker's password and
         authenticator secret are read from the vault when a login needs them (a missing
         one fails here, named)."""
@@ -376,6 +415,7 @@ class Providers:
             workspace_id,
             binding,
             read=partial(self._secret, workspace_id, binding),
+            person_seconds=person_seconds,
         )
 
     async def aclose(self) -> None:

@@ -12,6 +12,7 @@ from mcp_server.cli.bench import bench
 from mcp_server.cli.connect import connect_command
 from mcp_server.cli.demo import demo_command
 from mcp_server.cli.fixtures import fixtures
+from mcp_server.cli.login import login_command
 from mcp_server.cli.run import run_command
 from mcp_server.cli.sends import sends
 from mcp_server.cli.serve import serve_command
@@ -34,6 +35,7 @@ for command in (
     workspace,
     vault,
     connect_command,
+    login_command,
     run_command,
     sends,
     demo_command,

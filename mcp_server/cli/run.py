@@ -13,9 +13,10 @@ import anyio
 import click
 
 from agent.domain.errors import OutloopError
+from agent.domain.mail import Channel
 from agent.services import intake
 from mcp_server.cli.shared import data_dir_option, fail, open_station, read_settings, run_cycle
-from mcp_server.composition import Settings
+from mcp_server.composition import Providers, Settings
 
 
 def _print_progress(progress: intake.Progress) -> None:
@@ -24,12 +25,15 @@ def _print_progress(progress: intake.Progress) -> None:
 
 
 def _run_once(
-    settings: Settings, workspace_id: str, quiet: bool, from_start: bool
+    settings: Settings, workspace_id: str, quiet: bool, from_start: bool, access: str | None
 ) -> intake.RunResult:
     station = open_station(settings)
     try:
         progress = None if quiet else _print_progress
-        return anyio.run(run_cycle, station, workspace_id, progress, from_start)
+        only = None
+        if access is not None and isinstance(station.provider_for, Providers):
+            only = station.provider_for.only(Channel(access))
+        return anyio.run(run_cycle, station, workspace_id, progress, from_start, only)
     finally:
         station.close()
 
@@ -91,6 +95,14 @@ def _echo_reconciliation(result: intake.RunResult) -> None:
     "recorded as EXECUTION_ALREADY_DONE, nothing is created twice). Default: only what "
     "arrived since the last run.",
 )
+@click.option(
+    "--access",
+    type=click.Choice([Channel.BROWSER.value]),
+    default=None,
+    help="Reach every mailbox through this channel only: 'browser' is an operator's "
+    "headless browser session (each mailbox's web app, signed in by managed login). "
+    "Default: each mailbox's permitted channels in the access order.",
+)
 @data_dir_option
 def run_command(
     workspace_id: str,
@@ -99,6 +111,7 @@ def run_command(
     as_json: bool,
     quiet: bool,
     from_start: bool,
+    access: str | None,
     data_dir: Path | None,
 ) -> None:
     """Run the intake cycle: read each mailbox's new mail since its cursor, normalize,
@@ -110,7 +123,7 @@ def run_command(
     settings = read_settings(data_dir)
     while True:
         try:
-            result = _run_once(settings, workspace_id, quiet, from_start)
+            result = _run_once(settings, workspace_id, quiet, from_start, access)
             from_start = False  # a replay is one cycle; the next ones read what is new
         except OutloopError as exc:
             fail(exc)

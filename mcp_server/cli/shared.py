@@ -14,6 +14,7 @@ from agent import crashpoints
 from agent.domain.errors import OutloopError, UnknownWorkspace, WorkspaceExists
 from agent.services import intake
 from agent.services.clock import SystemClock
+from agent.services.intake import ProviderFactory
 from mcp_server import composition
 from mcp_server.composition import DATA_DIR_ENV, Settings, Station
 
@@ -91,15 +92,20 @@ async def run_cycle(
     workspace_id: str,
     progress: Callable[[intake.Progress], None] | None,
     from_start: bool = False,
+    provider_for: ProviderFactory | None = None,
 ) -> intake.RunResult:
     """One intake cycle of the workspace on this station, now (``from_start``: reading
-    every mailbox again from its beginning, not from its cursor)."""
-    return await intake.run_cycle(
-        store=station.store,
-        data_dir=station.data_dir,
-        workspace_id=workspace_id,
-        provider_for=station.provider_for,
-        clock=SystemClock(),
-        on_progress=progress,
-        from_start=from_start,
-    )
+    every mailbox again from its beginning, not from its cursor; ``provider_for``: the
+    channels to read through, else the access order); the browser it started is stopped."""
+    try:
+        return await intake.run_cycle(
+            store=station.store,
+            data_dir=station.data_dir,
+            workspace_id=workspace_id,
+            provider_for=provider_for or station.provider_for,
+            clock=SystemClock(),
+            on_progress=progress,
+            from_start=from_start,
+        )
+    finally:
+        await station.aclose_channels()
