@@ -29,17 +29,19 @@ import html
 import json
 import re
 import zlib
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncGenerator, Callable, Sequence
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote, unquote, urlsplit
+from urllib.parse import quote, urlsplit
 
 from playwright.async_api import Error as PlaywrightError
 from playwright.async_api import Page, Response
 
 from agent.domain.context import MailboxBinding
+from agent.domain.envelope import thread_alias
 from agent.domain.errors import (
     AuthChallengeUnresolved,
     CursorExpired,
@@ -77,6 +79,8 @@ from managed_login.totp import Codes
 
 PROVIDER = "microsoft"
 CURSOR_PREFIX = "owa1."
+MARKER_PREFIX = "owa-sent:"
+LARGEST = 25 * 1024 * 1024
 DIGEST = 12
 REPLY_MARK = re.compile(r'<div id="appendonsend"></div>.*', re.S | re.I)
 QUOTE_RULE = "\n" + "_" * 32
@@ -116,6 +120,7 @@ class _Cursor:
 class _Item:
     rest_id: str
     folder: str
+    conversation: str
 
 
 class OutlookWeb:
@@ -146,11 +151,16 @@ class OutlookWeb:
         self._workspace_id = workspace_id
         self._page: Page | None = None
         self._mark_as_read_checked = False
+        self._showing: str | None = None
+        """The item the working page shows open, loaded by this operation (a conversation's
+        page shows its newest item open): read there without loading it again. Forgotten at
+        every other page load and when the operation ends."""
         self._by_message_id: dict[str, _Item] = {}
+        self._read_items: set[str] = set()
         self.capabilities_ = Capabilities(
             channel=Channel.BROWSER,
-            native_threads=True,
-            markers=(MarkerKind.BODY_TOKEN,),
+            native_threads=False,
+            markers=(MarkerKind.NATIVE,),
             sent_copy_latency=sent_copy_latency,
             page_size=page_size,
         )
@@ -176,32 +186,43 @@ class OutlookWeb:
     # -- the port: each operation holds the mailbox's browser ----------------------------
 
     async def changes(self, cursor: str | None) -> ChangePage:
-        async with self._browser.driving():
+        async with self._driving():
             return await self._changes(cursor)
 
     async def fetch_body(self, body_ref: str) -> MessageBody:
-        async with self._browser.driving():
+        async with self._driving():
             return await self._fetch_body(body_ref)
 
     async def fetch_attachment(self, ref: str) -> AttachmentData:
-        async with self._browser.driving():
+        async with self._driving():
             return await self._fetch_attachment(ref)
 
     async def prepare(self, message: OutgoingMessage) -> Handover:
-        async with self._browser.driving():
+        async with self._driving():
             return await self._prepare(message)
 
     async def send(self, handover: Handover) -> SendResult:
-        async with self._browser.driving():
+        async with self._driving():
             return await self._send(handover)
 
     async def find_sent(self, marker: Marker) -> StoredCopy | None:
-        async with self._browser.driving():
+        async with self._driving():
             return await self._find_sent(marker)
 
     async def health(self) -> ProviderHealth:
-        async with self._browser.driving():
+        async with self._driving():
             return await self._health()
+
+    @asynccontextmanager
+    async def _driving(self) -> AsyncGenerator[None]:
+        """Hold the mailbox's browser for one operation; what its page showed is not
+        carried into the next."""
+        async with self._browser.driving():
+            self._showing = None
+            try:
+                yield
+            finally:
+                self._showing = None
 
     # -- the page, signed in -------------------------------------------------------------
 
@@ -212,6 +233,7 @@ class OutlookWeb:
         """The app's page at ``path`` (relative to the mail app), signing in first when the
         app sends the browser to sign-in."""
         page = await self._working_page()
+        self._showing = None
         await page.goto(self._app + path)
         if not self._in_app(page.url):
             await self._sign_in()
@@ -238,7 +260,7 @@ class OutlookWeb:
     async def login(self) -> LoginReport:
         """Sign the mailbox's browser in now (``outloop login``): nothing is typed when
         its kept session is still signed in."""
-        async with self._browser.driving():
+        async with self._driving():
             shown = await self._open("inbox")
             await shown.account.wait_for()
             if self.last_login is None:
@@ -317,12 +339,12 @@ class OutlookWeb:
         for conversation, label, href in reversed(rows):
             if state.rows.get(_digest(conversation)) == _digest(label):
                 continue
-            for item in await self._conversation(href):
+            for item in await self._conversation(conversation, href):
                 if item.folder != "inbox" or _digest(item.rest_id) in state.seen:
                     continue
                 if len(found) == self.capabilities_.page_size:
                     return ChangePage(items=tuple(found), cursor=state.encode(), more=True)
-                found.append(await self._scanned(item, conversation))
+                found.append(await self._scanned(item))
                 state.seen.add(_digest(item.rest_id))
             state.rows[_digest(conversation)] = _digest(label)
         return ChangePage(items=tuple(found), cursor=state.encode(), more=False)
@@ -335,23 +357,30 @@ class OutlookWeb:
             " r.dataset.href || ''])"
         )
 
-    async def _conversation(self, href: str) -> list[_Item]:
+    async def _conversation(self, conversation: str, href: str) -> list[_Item]:
         """The items of a conversation, oldest first, with the folder each is in."""
+        await self._no_mark_as_read()  # its page opens its newest item
         page = await self._working_page()
+        self._showing = None
         await page.goto(urlsplit(page.url)._replace(path=href, query="").geturl())
         shown = MailPage(page)
         await shown.reading.wait_for()
         here = urlsplit(page.url).path
         found: list[list[str]] = await shown.items.evaluate_all(
-            "els => els.map(e => [e.dataset.itemId || '', e.dataset.href || ''])"
+            "els => els.map(e => [e.dataset.itemId || '', e.dataset.href || '',"
+            " e.classList.contains('collapsed') ? '' : 'open'])"
         )
-        return [_Item(item_id, _folder_of(link or here)) for item_id, link in found]
+        opened = [item_id for item_id, _, state in found if state]
+        self._showing = opened[0] if len(opened) == 1 else None
+        return [
+            _Item(item_id, _folder_of(link or here), conversation) for item_id, link, _ in found
+        ]
 
-    async def _scanned(self, item: _Item, conversation: str) -> ScannedMessage:
+    async def _scanned(self, item: _Item) -> ScannedMessage:
         raw = await self._source(item.rest_id)
 
         def thread(*_: object) -> str:
-            return conversation
+            return item.conversation
 
         try:
             envelope = rfc822.normalize(
@@ -364,13 +393,17 @@ class OutlookWeb:
             )
         except Exception as exc:  # a message the app shows but no parser reads
             return ScannedMessage(item_ref=item.rest_id, error=f"could not be normalized ({exc})")
+        self._read_items.add(item.rest_id)
         if envelope.internet_message_id is not None:
             self._by_message_id[envelope.internet_message_id] = item
         return ScannedMessage(item_ref=item.rest_id, envelope=envelope)
 
     async def _show(self, rest_id: str) -> MailPage:
-        """The item's page, or ``NotFound`` when the app does not show it."""
+        """The item's page, or ``NotFound`` when the app does not show it (the page of the
+        conversation this operation just opened, when it shows the item open)."""
         await self._no_mark_as_read()
+        if self._showing == rest_id:
+            return MailPage(await self._working_page())
         shown = await self._open("id/" + quote(rest_id, safe=""))
         try:
             await shown.shown_item.wait_for(timeout=self._browser.timeout_ms)
@@ -413,29 +446,30 @@ class OutlookWeb:
             raise ProviderError(f"Outlook sends from {self._mailbox_id} only")
         if message.in_reply_to is None:
             raise Unsupported("this channel sends replies inside a thread only")
-        await self._parent(message)
-        token = mime.send_token(message.internet_message_id)
-        if token not in message.text and token not in (message.html or ""):
-            raise ProviderError("the message does not carry its send token (the body marker)")
+        if message.attachments and sum(len(f.data) for f in message.attachments) > LARGEST:
+            raise ProviderError("Outlook on the web takes up to 25 MB of files in one message")
+        parent = await self._parent(message)
         return Handover(
             message=message,
             channel=Channel.BROWSER.value,
             recipients=_lists([a.address for a in message.to], [a.address for a in message.cc]),
-            marker=Marker(kind=MarkerKind.BODY_TOKEN, value=token),
+            marker=_marker(message, parent.conversation),
         )
 
     async def _parent(self, message: OutgoingMessage) -> _Item:
+        """The inbox item the reply answers, by its Message-ID: known from this channel's
+        reading, else looked for conversation by conversation, newest first."""
         wanted = message.in_reply_to
         assert wanted is not None
-        if wanted not in self._by_message_id:
-            for conversation, _, href in await self._rows("inbox"):
-                if conversation != message.provider_thread_id:
-                    continue
-                for item in await self._conversation(href):
-                    await self._scanned(item, conversation)
-        if wanted not in self._by_message_id:
-            raise ProviderError(f"the message {wanted} answered is not in the mailbox")
-        return self._by_message_id[wanted]
+        if wanted in self._by_message_id:
+            return self._by_message_id[wanted]
+        for conversation, _, href in await self._rows("inbox"):
+            for item in await self._conversation(conversation, href):
+                if item.folder == "inbox" and item.rest_id not in self._read_items:
+                    await self._scanned(item)
+            if wanted in self._by_message_id:
+                return self._by_message_id[wanted]
+        raise ProviderError(f"the message {wanted} answered is not in the mailbox")
 
     async def _send(self, handover: Handover) -> SendResult:
         message = handover.message
@@ -446,7 +480,7 @@ class OutlookWeb:
         await composer.body.wait_for()
         await self._recipients(composer, handover)
         await composer.subject.fill(message.subject)
-        await _insert_html(composer, _html_of(message))
+        await _insert_html(composer, _wrapped(message))
         if message.attachments:
             await composer.attach.set_input_files(
                 [
@@ -503,29 +537,22 @@ class OutlookWeb:
         return dict(answer)  # pyright: ignore[reportUnknownArgumentType]
 
     async def _find_sent(self, marker: Marker) -> StoredCopy | None:
-        if marker.kind is not MarkerKind.BODY_TOKEN:
-            raise Unsupported(
-                f"this channel finds sent copies by body token only, not {marker.kind}"
-            )
-        shown = await self._open("search?q=" + quote(marker.value))
-        await shown.message_list.wait_for(state="attached")
-        hits: list[list[str]] = await shown.rows.evaluate_all(
-            "rows => rows.map(r => [r.dataset.href || '', r.dataset.convid || ''])"
-        )
-        for href, conversation in hits:
-            item = unquote(href.rsplit("/id/", 1)[-1])
-            if _folder_of(href) != "sentitems":
+        """Our copy among the conversation's items in Sent Items: the one whose block of
+        what we wrote carries the send's token as its class."""
+        if marker.kind is not MarkerKind.NATIVE:
+            raise Unsupported(f"this channel finds its own sent copies only, not {marker.kind}")
+        if not marker.value.startswith(MARKER_PREFIX):
+            return None  # a native marker of another channel's: no copy of this one's
+        conversation, _, wanted = marker.value.removeprefix(MARKER_PREFIX).rpartition(":")
+        for found, _, href in await self._rows("sentitems"):
+            if found != conversation:
                 continue
-            raw = await self._source(item)
-            parsed = rfc822.parse(raw)
-            if marker.value not in rfc822.body(raw).text + (rfc822.body(raw).html or ""):
-                continue
-            del parsed
-            return _ours(
-                rfc822.stored_copy(
-                    raw, provider_message_id=item, provider_thread_id=conversation, delivered=True
-                )
-            )
+            for item in reversed(await self._conversation(conversation, href)):
+                if item.folder != "sentitems":
+                    continue
+                copy = _ours(_stored_copy(await self._source(item.rest_id), item.rest_id))
+                if _carries(copy.html or "", wanted):
+                    return copy
         return None
 
     async def _health(self) -> ProviderHealth:
@@ -546,6 +573,41 @@ class OutlookWeb:
     async def aclose(self) -> None:
         self._page = None
         await self._browser.aclose()
+
+
+def _marker(message: OutgoingMessage, conversation: str) -> Marker:
+    """The native marker of a send: its conversation, and the send's token, which the
+    adapter writes as the class of the block holding what we wrote (Outlook on the web
+    sets neither our Message-ID nor a header of ours; the class is kept, unseen)."""
+    token = mime.send_token(message.internet_message_id)
+    return Marker(kind=MarkerKind.NATIVE, value=f"{MARKER_PREFIX}{conversation}:{token}")
+
+
+def _stored_copy(raw: bytes, rest_id: str) -> StoredCopy:
+    """A sent copy as read back, its thread named as the core names threads (the message
+    its References name first, else the one it answers, else itself)."""
+    parsed = rfc822.parse(raw)
+    references = rfc822.header_ids(parsed, "References")
+    answers = rfc822.header_ids(parsed, "In-Reply-To")
+    first = references[0] if references else next(iter(answers), None)
+    own = rfc822.header_ids(parsed, "Message-ID")
+    thread = thread_alias(first or next(iter(own), rest_id))
+    return rfc822.stored_copy(
+        raw, provider_message_id=rest_id, provider_thread_id=thread, delivered=True
+    )
+
+
+def _carries(markup: str, token: str) -> bool:
+    """Whether a stored body's block of ours has the send's token as its class (Exchange
+    prefixes the classes of what it shows with ``x_``)."""
+    return re.search(rf'class="(?:x_)?{re.escape(token)}"', markup) is not None
+
+
+def _wrapped(message: OutgoingMessage) -> str:
+    """What is inserted into the editor: the rendered HTML in a block whose class is the
+    send's token (the marker)."""
+    token = mime.send_token(message.internet_message_id)
+    return f'<div class="{token}">{_html_of(message)}</div>'
 
 
 def _folder_of(path: str) -> str:

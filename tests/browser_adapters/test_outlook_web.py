@@ -1,5 +1,7 @@
 """The Outlook on the web adapter in headless Chromium against the mock web app: the
-MailProvider contract and the lifecycle core through it."""
+MailProvider contract, and the lifecycle core through Graph and Outlook on the web as two
+channels of one mailbox (the same occurrences and tasks whichever reads it; a send left
+uncertain on one settled from its copy before the other may send)."""
 
 from __future__ import annotations
 
@@ -10,10 +12,14 @@ from typing import ClassVar
 import pytest
 
 from agent.domain.mail import MarkerKind
+from agent.ports import MailProvider
+from agent.testing.channel_contract import ChannelLifecycleContract
 from agent.testing.providers import MAILBOX, Fault, MailboxHooks, MailProviderContract
 from browser_adapters.outlook import OutlookWeb
 from tests.browser_adapters.outlook_mock import OutlookAccount, WebClock
 from tests.providers.private_mock import PrivateMock
+from tests.providers.test_msgraph import LATENCY as GRAPH_LATENCY
+from tests.providers.test_msgraph import GraphAccount
 
 LATENCY = timedelta(seconds=120)
 
@@ -77,8 +83,10 @@ class OnOutlookWeb(MailboxHooks):
             raise AssertionError(f"{fault} is declared impossible")
 
     def advance(self, delta: timedelta) -> None:
+        """Delayed copies show once three quarters of the shortest declared latency (Graph's)
+        passed: before any channel could prove them absent."""
         self.held_for += delta
-        if self.held_for >= LATENCY * 3 / 4:
+        if self.held_for >= min(LATENCY, GRAPH_LATENCY) * 3 / 4:
             self.account.admin.faults(release_delayed=True)
 
     def snapshot(self) -> Mapping[str, str]:
@@ -89,3 +97,41 @@ class OnOutlookWeb(MailboxHooks):
 
 
 class TestOutlookWeb(OnOutlookWeb, MailProviderContract): ...
+
+
+class OnGraphAndOutlookWeb(OnOutlookWeb):
+    """The same mailbox through Graph (``api``) and Outlook on the web (``browser``): the
+    failover the access order makes when Graph fails or is not permitted."""
+
+    channels: ClassVar[tuple[str, ...]] = ("api", "browser")
+    graph: GraphAccount
+
+    def setup_mailbox(self) -> None:
+        admin = _private.admin()
+        admin.reset()
+        self.graph = GraphAccount(admin, MAILBOX)
+        self.account = OutlookAccount(
+            admin, MAILBOX.lower(), self.where / "browser-state", WebClock(admin), create=False
+        )
+        self.held_for = timedelta(0)
+
+    @pytest.fixture(autouse=True)
+    async def _close_graph(self, anyio_backend: str) -> AsyncIterator[None]:
+        del anyio_backend
+        self.built_graph: list[MailProvider] = []
+        yield
+        for provider in self.built_graph:
+            await provider.aclose()
+
+    def build(
+        self, *, channel: str | None = None, markers: tuple[MarkerKind, ...] | None = None
+    ) -> MailProvider:
+        if channel in (None, "api"):
+            provider = self.graph.build(markers=markers)
+            self.built_graph.append(provider)
+            return provider
+        return self.account.build()
+
+
+
+class TestCoreOnGraphAndOutlookWeb(OnGraphAndOutlookWeb, ChannelLifecycleContract): ...
