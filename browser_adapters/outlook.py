@@ -81,6 +81,8 @@ PROVIDER = "microsoft"
 CURSOR_PREFIX = "owa1."
 MARKER_PREFIX = "owa-sent:"
 LARGEST = 25 * 1024 * 1024
+SENT_SCAN = 50
+"""The newest conversations of Sent Items searched for a copy another channel sent."""
 DIGEST = 12
 REPLY_MARK = re.compile(r'<div id="appendonsend"></div>.*', re.S | re.I)
 QUOTE_RULE = "\n" + "_" * 32
@@ -161,6 +163,7 @@ class OutlookWeb:
             channel=Channel.BROWSER,
             native_threads=False,
             markers=(MarkerKind.NATIVE,),
+            searches=(MarkerKind.MESSAGE_ID,),
             sent_copy_latency=sent_copy_latency,
             page_size=page_size,
         )
@@ -539,8 +542,12 @@ class OutlookWeb:
     async def _find_sent(self, marker: Marker) -> StoredCopy | None:
         """Our copy among the conversation's items in Sent Items: the one whose block of
         what we wrote carries the send's token as its class."""
+        if marker.kind is MarkerKind.MESSAGE_ID:
+            return await self._sent_with_message_id(marker.value)
         if marker.kind is not MarkerKind.NATIVE:
-            raise Unsupported(f"this channel finds its own sent copies only, not {marker.kind}")
+            raise Unsupported(
+                f"this channel finds copies by its own marker or a Message-ID, not {marker.kind}"
+            )
         if not marker.value.startswith(MARKER_PREFIX):
             return None  # a native marker of another channel's: no copy of this one's
         conversation, _, wanted = marker.value.removeprefix(MARKER_PREFIX).rpartition(":")
@@ -553,6 +560,19 @@ class OutlookWeb:
                 copy = _ours(_stored_copy(await self._source(item.rest_id), item.rest_id))
                 if _carries(copy.html or "", wanted):
                     return copy
+        return None
+
+    async def _sent_with_message_id(self, message_id: str) -> StoredCopy | None:
+        """A copy another channel sent with our Message-ID, among the newest
+        ``SENT_SCAN`` conversations of Sent Items (an uncertain send is settled while its
+        copy is among the newest)."""
+        for conversation, _, href in (await self._rows("sentitems"))[:SENT_SCAN]:
+            for item in reversed(await self._conversation(conversation, href)):
+                if item.folder != "sentitems":
+                    continue
+                raw = await self._source(item.rest_id)
+                if rfc822.header_ids(rfc822.parse(raw), "Message-ID")[:1] == (message_id,):
+                    return _ours(_stored_copy(raw, item.rest_id))
         return None
 
     async def _health(self) -> ProviderHealth:

@@ -108,6 +108,7 @@ def _lifespan(
             yield runtime
         finally:
             await runtime.aclose()
+            await station.aclose_channels()  # the browser this server started, if any
             station.close()
 
     return lifespan

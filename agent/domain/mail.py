@@ -71,6 +71,10 @@ class Capabilities(BaseModel):
     markers: tuple[MarkerKind, ...] = (MarkerKind.MESSAGE_ID,)
     """The marker kinds that survive on a sent copy through this channel and that
     ``find_sent`` can search, best first."""
+    searches: tuple[MarkerKind, ...] = ()
+    """Marker kinds ``find_sent`` also searches, set by other channels of the mailbox on
+    their copies (this one sets none of them): a send another channel left uncertain can
+    be settled here."""
     keeps_sent_copy: bool = True
     """Sending leaves a copy that ``find_sent`` can search. Without one, a lost outcome
     cannot be settled here and goes to a person."""
@@ -84,6 +88,10 @@ class Capabilities(BaseModel):
     delivers: bool = True
     """A send reaches its recipients (a local outbox copy does not)."""
     page_size: int = Field(default=100, ge=1)
+
+    def finds(self, kind: MarkerKind) -> bool:
+        """Whether ``find_sent`` searches copies marked by ``kind``."""
+        return kind in self.markers or kind in self.searches
 
 
 class AttachmentRef(BaseModel):

@@ -363,7 +363,7 @@ class AccessRoute:
 
     async def find_sent(self, marker: Marker) -> StoredCopy | None:
         def searches(adapter: MailProvider) -> bool:
-            return marker.kind in adapter.capabilities.markers
+            return adapter.capabilities.finds(marker.kind)
 
         return await self._through(Action.READ, lambda a: a.find_sent(marker), searches)
 

@@ -259,7 +259,7 @@ async def settle_from_copies(
             record.key, holder, "the worker handing it over stopped before the answer", clock.now()
         )
     marker = marker_of(record)
-    searchable = marker.kind in provider.capabilities.markers
+    searchable = provider.capabilities.finds(marker.kind)
     if not record.keeps_sent_copy:
         # A copy filed after the answer (an IMAP client's append) proves the send went out
         # when it is there; its absence proves nothing, so a person decides.

@@ -133,7 +133,7 @@ class ChannelLifecycleContract(MailboxHooks):
         does; the first channel itself for a one-channel adapter that searches it."""
         others = [self.second, *(c for c in self.channels[1:] if c != self.second)]
         for channel in others:
-            if channel != self.first and searches == (kind in self.markers_of(channel)):
+            if channel != self.first and searches == self.finds(channel, kind):
                 return channel
         if len(self.channels) == 1 and searches:
             return self.first
@@ -151,6 +151,9 @@ class ChannelLifecycleContract(MailboxHooks):
 
     def markers_of(self, channel: str) -> tuple[MarkerKind, ...]:
         return self.build(channel=channel).capabilities.markers
+
+    def finds(self, channel: str, kind: MarkerKind) -> bool:
+        return self.build(channel=channel).capabilities.finds(kind)
 
     # -- the core ----------------------------------------------------------------------
 

@@ -511,11 +511,22 @@ class MailProviderContract(MailboxHooks):
     @pytest.mark.anyio
     async def test_find_sent_refuses_a_marker_kind_the_channel_does_not_declare(self) -> None:
         provider = self.build()
-        declared = provider.capabilities.markers
         for kind in MarkerKind:
-            if kind not in declared:
+            if not provider.capabilities.finds(kind):
                 with pytest.raises(Unsupported):
                     await provider.find_sent(Marker(kind=kind, value="outloop-x"))
+
+    @pytest.mark.anyio
+    async def test_a_marker_kind_it_only_searches_finds_no_copy_that_is_not_there(
+        self,
+    ) -> None:
+        """A kind another channel of the mailbox sets (``searches``) is searched here: a
+        copy that was never sent is not found."""
+        provider = self.build()
+        for kind in provider.capabilities.searches:
+            assert kind not in provider.capabilities.markers
+            value = "<never-sent@fabrikam.test>" if kind is MarkerKind.MESSAGE_ID else "x"
+            assert await provider.find_sent(Marker(kind=kind, value=value)) is None
 
     @pytest.mark.anyio
     async def test_a_lost_acknowledgement_leaves_a_copy_its_marker_finds(self) -> None:
