@@ -408,6 +408,8 @@ class OutlookWeb:
         if self._showing == rest_id:
             return MailPage(await self._working_page())
         shown = await self._open("id/" + quote(rest_id, safe=""))
+        if "/id/" not in urlsplit(shown.page.url).path:  # the app went home: no such item
+            raise NotFound(f"mailbox {self._mailbox_id} shows no item {rest_id!r}")
         try:
             await shown.shown_item.wait_for(timeout=self._browser.timeout_ms)
         except PlaywrightError:
@@ -447,16 +449,14 @@ class OutlookWeb:
             raise ProviderError(f"the message cannot be written in Outlook: {exc}") from None
         if message.sender.address != self._mailbox_id:
             raise ProviderError(f"Outlook sends from {self._mailbox_id} only")
-        if message.in_reply_to is None:
-            raise Unsupported("this channel sends replies inside a thread only")
         if message.attachments and sum(len(f.data) for f in message.attachments) > LARGEST:
             raise ProviderError("Outlook on the web takes up to 25 MB of files in one message")
-        parent = await self._parent(message)
+        parent = None if message.in_reply_to is None else await self._parent(message)
         return Handover(
             message=message,
             channel=Channel.BROWSER.value,
             recipients=_lists([a.address for a in message.to], [a.address for a in message.cc]),
-            marker=_marker(message, parent.conversation),
+            marker=_marker(message, parent.conversation if parent else ""),
         )
 
     async def _parent(self, message: OutgoingMessage) -> _Item:
@@ -476,10 +476,7 @@ class OutlookWeb:
 
     async def _send(self, handover: Handover) -> SendResult:
         message = handover.message
-        parent = await self._parent(message)
-        shown = await self._show(parent.rest_id)
-        await shown.reply.click()
-        composer = Composer(shown.page)
+        composer = await self._composer(message)
         await composer.body.wait_for()
         await self._recipients(composer, handover)
         await composer.subject.fill(message.subject)
@@ -493,14 +490,38 @@ class OutlookWeb:
             )
             await composer.attached.nth(len(message.attachments) - 1).wait_for()
         answer = await self._press_send(composer)
+        sent = str(answer.get("sent", ""))
+        given = await self._message_id_of(sent) or message.internet_message_id
+        first = message.references[0] if message.references else message.in_reply_to
         return SendResult(
-            provider_message_id=str(answer.get("sent", "")),
-            provider_thread_id=message.provider_thread_id,
-            internet_message_id=message.internet_message_id,
+            provider_message_id=sent,
+            provider_thread_id=thread_alias(first or given),  # as the core names threads
+            internet_message_id=given,
             channel=Channel.BROWSER.value,
             delivered=True,
             accepted_at=datetime.now(UTC),
         )
+
+    async def _message_id_of(self, rest_id: str) -> str | None:
+        """The Message-ID Exchange gave a message we sent (Outlook on the web sets its own),
+        read from its source; None while the copy does not show yet."""
+        try:
+            raw = await self._source(rest_id)
+        except NotFound:
+            return None
+        ids = rfc822.header_ids(rfc822.parse(raw), "Message-ID")
+        return ids[0] if ids else None
+
+    async def _composer(self, message: OutgoingMessage) -> Composer:
+        """Reply on the parent's page, or New mail for a message that starts a thread."""
+        if message.in_reply_to is None:
+            shown = await self._open("inbox")
+            await shown.new_mail.click()
+        else:
+            parent = await self._parent(message)
+            shown = await self._show(parent.rest_id)
+            await shown.reply.click()
+        return Composer(shown.page)
 
     async def _recipients(self, composer: Composer, handover: Handover) -> None:
         """The chips replaced with the plan's, then read back and checked against it."""
@@ -551,10 +572,11 @@ class OutlookWeb:
         if not marker.value.startswith(MARKER_PREFIX):
             return None  # a native marker of another channel's: no copy of this one's
         conversation, _, wanted = marker.value.removeprefix(MARKER_PREFIX).rpartition(":")
-        for found, _, href in await self._rows("sentitems"):
-            if found != conversation:
-                continue
-            for item in reversed(await self._conversation(conversation, href)):
+        rows = await self._rows("sentitems")
+        if conversation:
+            rows = [row for row in rows if row[0] == conversation]
+        for found, _, href in rows[:SENT_SCAN]:
+            for item in reversed(await self._conversation(found, href)):
                 if item.folder != "sentitems":
                     continue
                 copy = _ours(_stored_copy(await self._source(item.rest_id), item.rest_id))
@@ -596,7 +618,8 @@ class OutlookWeb:
 
 
 def _marker(message: OutgoingMessage, conversation: str) -> Marker:
-    """The native marker of a send: its conversation, and the send's token, which the
+    """The native marker of a send: its conversation (none for a new one: the newest
+    conversations of Sent Items are searched), and the send's token, which the
     adapter writes as the class of the block holding what we wrote (Outlook on the web
     sets neither our Message-ID nor a header of ours; the class is kept, unseen)."""
     token = mime.send_token(message.internet_message_id)

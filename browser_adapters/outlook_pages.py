@@ -28,6 +28,7 @@ class MailPage:
         self.source = page.get_by_role("dialog", name="Message source").locator("pre")
         self.reply = self.reading.get_by_role("menuitem", name="Reply", exact=True)
         self.search = page.get_by_role("searchbox", name="Search")
+        self.new_mail = page.get_by_role("button", name="New mail", exact=True)
 
 
 class Composer:

@@ -425,8 +425,12 @@ def outgoing(
 
 
 def sent_ref(outcome: SendOutcome, direction: str, sender: str, at: datetime) -> MessageRef:
-    """The sent message as the task records it (indexed for exact linkage of replies)."""
-    mid = outcome.record.internet_message_id
+    """The sent message as the task records it (indexed for exact linkage of replies), by
+    the Message-ID it went out with: ours, or the provider's where the channel could not
+    set ours (a web app's send)."""
+    mid = (
+        outcome.result.internet_message_id if outcome.result else outcome.record.internet_message_id
+    )
     return MessageRef(
         provider_message_id=outcome.record.provider_message_id or mid,
         internet_message_id=mid,

@@ -19,7 +19,13 @@ from agent.domain.automation import SendKind
 from agent.domain.dispositions import GateKind
 from agent.domain.errors import GateRefused, RegistryError, UnknownSend
 from agent.domain.gates import GateResult
-from agent.domain.mail import AttachmentData
+from agent.domain.mail import (
+    AttachmentData,
+    MarkerKind,
+    OutgoingMessage,
+    SendResult,
+    StoredCopy,
+)
 from agent.domain.recipients import Communication
 from agent.domain.records import SendIntent, SendRecord, SendState, TaskAmendment
 from agent.domain.states import TaskState
@@ -293,7 +299,7 @@ async def read_back(
             )
         )
         return ReadBack(send=record, report=report, stored_provider_message_id=None)
-    report = verify_read_back(rendered, sent, copy)
+    report = verify_read_back(rendered, sent, copy, _sent_as(record, sent, copy))
     evidence = f"read back {record.internet_message_id}: " + (
         "all checks passed" if report.ok else "failed " + ", ".join(c.name for c in report.failed)
     )
@@ -301,6 +307,23 @@ async def read_back(
         task.task_id, _read_back_amendment(task, record, report, evidence), clock.now()
     )
     return ReadBack(send=record, report=report, stored_provider_message_id=copy.provider_message_id)
+
+
+def _sent_as(record: SendRecord, sent: OutgoingMessage, copy: StoredCopy) -> SendResult | None:
+    """What the send went out as, where the channel could not give it our Message-ID: a
+    copy found by the channel's own marker (a web app's) carries the provider's id, which
+    is the send's. None where our Message-ID is what was sent."""
+    marker = record.marker
+    if marker is None or marker.kind is not MarkerKind.NATIVE or not copy.internet_message_id:
+        return None
+    return SendResult(
+        provider_message_id=copy.provider_message_id,
+        provider_thread_id=sent.provider_thread_id,
+        internet_message_id=copy.internet_message_id,
+        channel=record.channel,
+        delivered=copy.delivered,
+        accepted_at=record.sent_at or record.created_at,
+    )
 
 
 def _read_back_amendment(

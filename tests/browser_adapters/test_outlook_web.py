@@ -15,7 +15,6 @@ from agent.domain.mail import MarkerKind
 from agent.ports import MailProvider
 from agent.testing.channel_contract import ChannelLifecycleContract
 from agent.testing.providers import MAILBOX, Fault, MailboxHooks, MailProviderContract
-from browser_adapters.outlook import OutlookWeb
 from tests.browser_adapters.outlook_mock import OutlookAccount, WebClock
 from tests.providers.private_mock import PrivateMock
 from tests.providers.test_msgraph import LATENCY as GRAPH_LATENCY
@@ -66,7 +65,7 @@ class OnOutlookWeb(MailboxHooks):
 
     def build(
         self, *, channel: str | None = None, markers: tuple[MarkerKind, ...] | None = None
-    ) -> OutlookWeb:
+    ) -> MailProvider:
         del channel, markers  # one channel, one marker
         return self.account.build()
 
@@ -131,7 +130,6 @@ class OnGraphAndOutlookWeb(OnOutlookWeb):
             self.built_graph.append(provider)
             return provider
         return self.account.build()
-
 
 
 class TestCoreOnGraphAndOutlookWeb(OnGraphAndOutlookWeb, ChannelLifecycleContract): ...

@@ -28,6 +28,7 @@ from __future__ import annotations
 import base64
 import email
 import email.policy
+import email.utils
 import os
 import uuid
 from collections import Counter
@@ -53,6 +54,7 @@ from tests.mcp.conftest import (
     CLIENT,
     COLLEAGUE,
     COLLEAGUE_LINE,
+    DELIVERY,
     READ_BACK_CHECKS,
     OperatorStation,
     assert_one_task_of,
@@ -168,7 +170,7 @@ class ApiStation(OperatorStation):
         """The provider delivers these bytes to the workspace's mailbox (``deliver`` writes
         them to the shared helpers' address: the To header names this mailbox instead)."""
         del mail_from
-        message = email.message_from_bytes(raw, policy=email.policy.SMTP)
+        message = email.message_from_bytes(raw, policy=DELIVERY)
         message.replace_header("To", self.mailbox)
         self.admin.deliver(self.mailbox, message.as_bytes())
         self.inbox = self.inbox_state()
@@ -292,7 +294,7 @@ async def approve_by_reply(
     for request in requests:
         asked = parsed(with_id(station.stored("inbox", APPROVER), request["request_message_id"]))
         assert asked["To"] == APPROVER and asked["Cc"] is None
-        assert asked["From"] == station.mailbox
+        assert email.utils.parseaddr(str(asked["From"]))[1].lower() == station.mailbox
         replies[request["task_id"]] = station.deliver(
             sender=APPROVER,
             subject=f"Re: {asked['Subject']}",

@@ -1,0 +1,326 @@
+"""Seed 000 section 12 acceptance scenarios 8-11 with the browser, through the MCP server:
+a Microsoft mailbox of the session's mock providers whose last permitted channel is
+Outlook on the web (the mock web app, in headless Chromium), signed in by managed login
+with the worker's password and authenticator secret from the vault.
+
+- 9: Outlook without Graph: the context does not permit Graph; the provider MCP server is
+  evaluated (no token for it: a gap, recorded), then Outlook on the web does the whole
+  lifecycle - intake, approval by the approver's reply, the Hebrew reply inside the client's
+  conversation, and the read-back of the stored copy (direction, language, isolates).
+- 10: the browser starts logged out: managed login signs in with password and code, the
+  account is re-verified, and the run resumes with no human task; a session that expires
+  before the send is signed in again and the reply goes out once.
+- 8: no connector on the API side: the browser is the path the order reaches.
+- 11: Graph refuses to send: the refusal is never routed around through the browser, and
+  reads go on where the context authorizes them.
+- A send Graph lost the answer to is settled from Graph's copy, found through Outlook on
+  the web, before the browser may send it.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from agent.services import workspaces
+from browser_adapters import outlook
+from managed_login.totp import Codes
+from mcp_server.composition import Settings
+from tests.browser import chromium_executable
+from tests.browser_adapters.outlook_mock import SECRET, WebClock
+from tests.conftest import session_mock
+from tests.mcp.conftest import (
+    APPROVER,
+    CLIENT,
+    call,
+    intake_and_claim,
+    read_back_the_client_reply,
+    reconcile_all,
+    refused,
+    to_draft_ready,
+)
+from tests.mcp.test_access_scenarios import MCP_ENDPOINT, RoutedStation
+from tests.mcp.test_api_scenarios import (
+    approve_by_reply,
+    ensure_people,
+    parsed,
+    request_approval,
+)
+from tests.mcp.test_imap_scenarios import CLIENT_NAME, MailServerTime
+from tests.mcp.test_scenarios import HEBREW_BODY, HEBREW_SUBJECT
+
+pytestmark = pytest.mark.anyio
+
+WORKSPACE = "ws-test-0001"
+
+
+@dataclass(kw_only=True)
+class BrowserStation(RoutedStation):
+    """``RoutedStation`` whose mailbox also permits Outlook on the web."""
+
+    @property
+    def settings(self) -> Settings:
+        return Settings(
+            data_dir=self.data_dir,
+            vault_backend="plain",
+            browser_executable=chromium_executable(),
+        )
+
+    def context(self) -> str:
+        url = f"{self.admin.base_url}/web/outlook/mail/"
+        return (
+            super()
+            .context()
+            .replace(
+                f"channels: {self.channels}",
+                f"channels: {self.channels}, browser: {{url: '{url}'}}",
+                1,
+            )
+        )
+
+    def worker_secrets(self) -> None:
+        """The worker's password and authenticator setup key, as the operator stores them."""
+        self.vault_set("password", "pw-" + self.mailbox)
+        self.vault_set("totp", SECRET)
+
+    def sessions(self) -> list[Path]:
+        folder = self.data_dir / "browser"
+        return sorted(folder.glob("*.json")) if folder.exists() else []
+
+
+@pytest.fixture
+def codes_clock(monkeypatch: pytest.MonkeyPatch) -> Iterator[WebClock]:
+    """The TOTP clock of the mock and of the worker's codes, driven by the test."""
+    admin = session_mock()
+    clock = WebClock(admin)
+    monkeypatch.setattr(outlook, "Codes", partial(Codes, clock=clock, sleep=clock.sleep))
+    yield clock
+    admin.clear_faults()
+
+
+def _station(
+    tmp_path: Path, channels: str, *, scopes: list[str] | None = None, **fields: Any
+) -> tuple[BrowserStation, dict[str, Any]]:
+    admin = session_mock()
+    ensure_people(admin)
+    mailbox = f"web-{uuid.uuid4().hex[:10]}@fabrikam.test"
+    extra = {"scopes": scopes} if scopes is not None else {}
+    account = admin.account(mailbox, "microsoft", **extra)
+    station = BrowserStation(
+        root=tmp_path / "station",
+        clock=MailServerTime(),
+        workspace_id=WORKSPACE,
+        admin=admin,
+        kind="microsoft",
+        mailbox=mailbox,
+    )
+    for name, value in {"channels": channels, **fields}.items():
+        setattr(station, name, value)
+    station.register(station.context())
+    station.worker_secrets()
+    station.inbox = station.inbox_state()
+    return station, account
+
+
+async def _send_through_browser(
+    station: BrowserStation, client: Any, task_id: str, draft_id: str
+) -> dict[str, Any]:
+    sent = await call(client, "send", task_id=task_id, draft_id=draft_id, to=[CLIENT])
+    assert sent["status"] == "sent" and sent["channel"] == "browser", sent
+    return sent
+
+
+async def test_scenario_09_outlook_without_graph_goes_past_the_provider_mcp_server_to_outlook_on_the_web(
+    tmp_path: Path, codes_clock: WebClock
+) -> None:
+    del codes_clock
+    station, _ = _station(tmp_path, "[provider_mcp, browser]", mcp=True)  # no MCP token stored
+    request_id = station.deliver(sender=CLIENT, sender_name=CLIENT_NAME, subject=HEBREW_SUBJECT)
+    async with station.client() as client:
+        access = await call(client, "access_status", workspace_id=station.workspace_id)
+        [mailbox] = access["mailboxes"]
+        states = {c["channel"]: c["state"] for c in mailbox["channels"]}
+        assert states == {"api": "not_permitted", "provider_mcp": "gap", "browser": "usable"}
+        assert mailbox["path"] == "browser" and mailbox["ok"] is True
+
+        scanned, [claim] = await intake_and_claim(client, station.mailbox)
+        assert claim["outcome"] == "CLAIMED" and claim["task_created"] is True
+        task_id = claim["task_id"]
+        await to_draft_ready(client, task_id)
+        draft = await call(
+            client, "render", task_id=task_id, body_markdown=HEBREW_BODY, language="he"
+        )
+        request = await request_approval(station, client, task_id, draft["draft_id"])
+        for reconciliation in await reconcile_all(client, scanned):
+            assert reconciliation["clean"], reconciliation
+        await approve_by_reply(station, client, [request])
+        sent = await _send_through_browser(station, client, task_id, draft["draft_id"])
+        await read_back_the_client_reply(client, task_id, sent)
+
+    [stored] = [m for m in station.stored("sent") if m["id"] != request["request_message_id"]
+                and parsed(m)["To"] == CLIENT]  # fmt: skip
+    assert stored["thread_id"] == station.thread_of(request_id)
+    delivered = parsed(stored)
+    assert delivered["In-Reply-To"] == request_id
+    assert delivered["Subject"] == f"Re: {HEBREW_SUBJECT}"
+    assert 'dir="rtl"' in stored["html"] and 'lang="he"' in stored["html"]
+    copies = [m for m in station.stored("inbox", CLIENT) if parsed(m)["In-Reply-To"] == request_id]
+    assert len(copies) == 1  # the client got the reply once
+    recorded = "\n".join(station.health())
+    assert "channel provider_mcp passed over" in recorded
+    assert station.inbox_state() == station.inbox  # nothing read was marked, moved or labelled
+
+
+async def test_scenario_10_a_logged_out_browser_signs_in_re_verifies_and_resumes_with_no_human_task(
+    tmp_path: Path, codes_clock: WebClock
+) -> None:
+    del codes_clock
+    station, _ = _station(tmp_path, "[browser]")
+    assert station.sessions() == []  # logged out: no session kept yet
+    request_id = station.deliver(sender=CLIENT, subject="Quote request")
+    async with station.client() as client:
+        scanned, [claim] = await intake_and_claim(client, station.mailbox)
+        assert claim["outcome"] == "CLAIMED"
+        assert scanned["access_errors"] == []
+        [session] = station.sessions()
+        assert session.stat().st_mode & 0o777 == 0o600
+        task_id = claim["task_id"]
+        await to_draft_ready(client, task_id)
+        draft = await call(client, "render", task_id=task_id, body_markdown="We are on it.")
+        request = await request_approval(station, client, task_id, draft["draft_id"])
+        for reconciliation in await reconcile_all(client, scanned):
+            assert reconciliation["clean"], reconciliation
+        await approve_by_reply(station, client, [request])
+
+        station.admin.faults(expire_web_sessions=True)  # signed out before the send
+        sent = await _send_through_browser(station, client, task_id, draft["draft_id"])
+        await read_back_the_client_reply(client, task_id, sent)
+        queue = await call(client, "list_queue", workspace_id=station.workspace_id)
+        [waiting] = queue["tasks"]  # the client's task, waiting for her answer: no other task
+        assert waiting["task_id"] == task_id
+    store = station.store()
+    try:
+        assert store.list_escalations() == []  # the sign-ins never became a person's task
+    finally:
+        store.close()
+    replies = [m for m in station.stored("inbox", CLIENT) if parsed(m)["In-Reply-To"] == request_id]
+    assert len(replies) == 1  # sent once, after the second sign-in
+
+
+async def test_scenario_08_with_no_connector_on_the_api_side_the_browser_reads_the_mailbox(
+    tmp_path: Path, codes_clock: WebClock
+) -> None:
+    del codes_clock
+    station, _ = _station(tmp_path, "[api, provider_mcp, browser]", mcp=False)
+    station.deliver(sender=CLIENT, subject="Quote request")
+    async with station.client() as client:
+        access = await call(client, "access_status", workspace_id=station.workspace_id)
+        [mailbox] = access["mailboxes"]
+        states = [c["state"] for c in mailbox["channels"]]
+        assert states == ["gap", "gap", "usable"], mailbox["channels"]
+        assert mailbox["path"] == "browser"
+        scanned, [claim] = await intake_and_claim(client, station.mailbox)
+        assert scanned["access_errors"] == [] and claim["outcome"] == "CLAIMED"
+        for reconciliation in await reconcile_all(client, scanned):
+            assert reconciliation["clean"], reconciliation
+    recorded = "\n".join(station.health())
+    assert "channel api passed over: no connector" in recorded
+    assert "channel browser in use" in recorded
+
+
+@pytest.mark.parametrize("authorized", [True, False], ids=["reads_authorized", "reads_not"])
+async def test_scenario_11_a_refusal_is_not_bypassed_through_the_browser(
+    tmp_path: Path, codes_clock: WebClock, authorized: bool
+) -> None:
+    del codes_clock
+    no_send = [
+        "https://graph.microsoft.com/User.Read",
+        "https://graph.microsoft.com/Mail.ReadWrite",
+    ]
+    station, account = _station(
+        tmp_path, "[api, browser]", scopes=no_send, mcp=False, reads_after_refusal=authorized
+    )
+    station.connect_without_check(account)
+    station.deliver(sender=CLIENT, subject="Quote request")
+    async with station.client() as client:
+        scanned, [claim] = await intake_and_claim(client, station.mailbox)
+        task_id = claim["task_id"]
+        await to_draft_ready(client, task_id)
+        draft = await call(client, "render", task_id=task_id, body_markdown="We are on it.")
+        first = await refused(
+            client, "request_approval", task_id=task_id, draft_id=draft["draft_id"]
+        )
+        assert first.data["refused"] == "policy"  # type: ignore[index]
+        assert "never routed around" in first.message
+        await reconcile_all(client, scanned)
+        access = await call(client, "access_status", workspace_id=station.workspace_id)
+        [mailbox] = access["mailboxes"]
+        assert mailbox["channels"][0]["state"] == "refused"
+        assert mailbox["channels"][2]["state"] != "usable"  # the browser is not a way round
+        station.deliver(sender=APPROVER, subject="Another question")
+        reading = await call(client, "intake", mailbox_id=station.mailbox)
+        if authorized:
+            assert reading["access_errors"] == []
+            assert [i["untrusted"]["subject"]["text"] for i in reading["items"]] == [
+                "Another question"
+            ]
+        else:
+            assert reading["items"] == []
+        await reconcile_all(client, reading)
+    assert station.stored("sent") == []
+    assert station.sessions() == []  # the browser was never opened to go around it
+
+
+async def test_a_send_graph_lost_is_settled_from_its_copy_through_outlook_on_the_web_before_the_browser_may_send(
+    tmp_path: Path, codes_clock: WebClock
+) -> None:
+    del codes_clock
+    station, account = _station(tmp_path, "[api, browser]", mcp=False)
+    station.connect_without_check(account)
+    station.deliver(sender=CLIENT, subject="Quote request")
+    async with station.client() as client:
+        scanned, [claim] = await intake_and_claim(client, station.mailbox)
+        task_id = claim["task_id"]
+        await to_draft_ready(client, task_id)
+        draft = await call(client, "render", task_id=task_id, body_markdown="We are on it.")
+        request = await request_approval(station, client, task_id, draft["draft_id"])
+        for reconciliation in await reconcile_all(client, scanned):
+            assert reconciliation["clean"], reconciliation
+        await approve_by_reply(station, client, [request])
+
+        station.admin.faults(drop_send_ack=1)  # Graph takes the send and the answer is lost
+        lost = await refused(
+            client, "send", task_id=task_id, draft_id=draft["draft_id"], to=[CLIENT]
+        )
+        assert "outcome is not known yet" in lost.message
+
+        station.channels = "[browser]"  # the operator no longer permits Graph
+        source = station.root / "contexts" / f"{station.workspace_id}.yaml"
+        source.write_text(station.context(), encoding="utf-8")
+        store = station.store()
+        try:
+            workspaces.update_workspace(
+                store, workspaces.DataDir(station.data_dir), source, station.clock.now()
+            )
+        finally:
+            store.close()
+        settled = await call(
+            client, "send", task_id=task_id, draft_id=draft["draft_id"], to=[CLIENT]
+        )
+        assert settled["status"] == "recovered", settled
+        again = await refused(
+            client, "send", task_id=task_id, draft_id=draft["draft_id"], to=[CLIENT]
+        )
+        assert "never sent twice" in again.message
+    copies = [
+        m for m in station.stored("sent")
+        if str(parsed(m)["Message-ID"]) == settled["internet_message_id"]
+    ]  # fmt: skip
+    assert len(copies) == 1  # Graph's copy; the browser sent nothing
+    assert MCP_ENDPOINT  # the provider MCP server is not part of this mailbox's order
