@@ -1,20 +1,25 @@
-"""``outloop bench claims|reconcile|render|mcp|send|intake``: the benchmarks of the ``bench``
-package. Each measures its baseline in the same run and prints one JSON object with --json."""
+"""``outloop bench claims|reconcile|render|mcp|send|intake|browser``: the benchmarks of the
+``bench`` package. Each measures its baseline in the same run and prints one JSON object
+with --json."""
 
 from __future__ import annotations
 
 import json
+import shutil
 import sys
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 import click
 
 from bench import choices
 from mcp_server.cli.shared import F, choice_option, data_dir_option, number_option
-from mcp_server.composition import DATABASE_URL_SETTING, Settings
+from mcp_server.composition import BROWSER_EXECUTABLE_ENV, DATABASE_URL_SETTING, Settings
+
+if TYPE_CHECKING:
+    from bench.browser import Outlook, OutlookFactory, Worker
 
 
 def database_url_option(func: F) -> F:
@@ -272,3 +277,90 @@ def bench_mcp(calls: int, as_json: bool) -> None:
         f"(target {result['target_p50_ratio']}): "
         + ("within target" if result["within_target"] else "OVER target")
     )
+
+
+@bench.command("browser")
+@number_option(
+    "--rounds",
+    click.IntRange(min=1),
+    10,
+    "Replies each side sends and reads back (after one warm-up round each), alternating "
+    "which goes first.",
+)
+@click.option(
+    "--browser-executable",
+    envvar=BROWSER_EXECUTABLE_ENV,
+    help=f"The Chromium to drive (default: {BROWSER_EXECUTABLE_ENV}, else `chromium` on PATH).",
+)
+@bench_output_options
+def bench_browser(
+    rounds: int, browser_executable: str | None, as_json: bool, data_dir: Path | None
+) -> None:
+    """Median seconds of one reply and the read-back of its stored copy through the Outlook
+    on the web adapter (a warm browser, signed in once, one adapter instance), against the
+    same page actions scripted directly with Playwright in the same run and browser. Starts
+    the mock providers (Outlook on the web) and a headless Chromium of its own."""
+    # Loaded by the command that runs them only.
+    from bench import browser  # noqa: PLC0415
+    from fixtures.admin import MockServer  # noqa: PLC0415
+
+    executable = browser_executable or shutil.which("chromium")
+    if executable is None:
+        raise click.ClickException(
+            f"no Chromium: set {BROWSER_EXECUTABLE_ENV} to a Chromium executable, or install "
+            "`chromium` on PATH (./scripts/setup does)"
+        )
+    scratch = _bench_scratch(data_dir)
+    try:
+        result = browser.run(
+            scratch,
+            MockServer,
+            _outlook_web(executable),
+            rounds=rounds,
+            progress=lambda line: click.echo(line, err=True),
+        )
+    except browser.BenchError as exc:
+        raise click.ClickException(str(exc)) from exc
+    echo_result(result, as_json, 22)
+
+
+def _outlook_web(executable: str) -> OutlookFactory:
+    """Outlook on the web as the station builds it (``OutlookWeb`` on a ``MailboxBrowser``
+    of this process's ``Browsers``, the worker's password and authenticator codes), with the
+    page objects and a second context of the same browser for the bench's baseline."""
+    # Loaded by the command that runs them only.
+    from bench.browser import Outlook  # noqa: PLC0415
+    from browser_adapters.outlook import OutlookWeb  # noqa: PLC0415
+    from browser_adapters.outlook_pages import Composer, MailPage  # noqa: PLC0415
+    from browser_adapters.session import Browsers, BrowserSettings, MailboxBrowser  # noqa: PLC0415
+    from managed_login.flow import WorkerSignIn  # noqa: PLC0415
+    from managed_login.totp import Codes  # noqa: PLC0415
+
+    def build(app_url: str, worker: Worker, state_dir: Path) -> Outlook:
+        browsers = Browsers(BrowserSettings(state_dir=state_dir, executable=executable))
+        mailbox = MailboxBrowser(browsers, "ws-bench-browser", worker.address)
+        baseline = MailboxBrowser(browsers, "ws-bench-browser", worker.address)
+
+        def sign_in() -> WorkerSignIn:
+            codes = Codes(worker.totp_secret, clock=worker.clock, sleep=worker.sleep)
+            return WorkerSignIn(account=worker.address, password=worker.password, codes=codes)
+
+        channel = OutlookWeb(
+            mailbox, worker.address, app_url, sign_in, workspace_id="ws-bench-browser"
+        )
+
+        async def aclose() -> None:
+            await baseline.aclose()
+            await channel.aclose()
+            await browsers.aclose()
+
+        return Outlook(
+            channel=channel,
+            working_context=mailbox.context,
+            baseline_context=baseline.context,
+            mail_page=MailPage,
+            composer=Composer,
+            aclose=aclose,
+        )
+
+    return build
