@@ -136,3 +136,51 @@ def test_run_with_the_browser_reads_the_mailbox_through_outlook_on_the_web(
     assert "scanned 1 = " in done.stdout and "(clean)" in done.stdout
     [stored] = station.admin.stored(station.address, "inbox")
     assert stored["is_read"] is False  # read through the web app, marked read by nothing
+
+
+@pytest.mark.slow
+def test_login_reads_the_worker_secrets_from_the_encrypted_keyring(
+    tmp_path: Path, admin: MockAdmin, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The real encrypted file backend (Argon2id and AES-GCM), its key in a file only its
+    owner reads, end to end: the secrets stored with ``outloop vault set`` sign the browser
+    in, and neither the vault's file nor the output shows them."""
+    address = f"crypt-{uuid.uuid4().hex[:10]}@fabrikam.test"
+    admin.account(address, "microsoft")
+    clock = WebClock(admin)
+    monkeypatch.setattr(outlook, "Codes", partial(Codes, clock=clock, sleep=clock.sleep))
+    fields = f"channels: [browser], browser: {{url: '{admin.base_url}/web/outlook/mail/'}}"
+    context = tmp_path / "context.yaml"
+    context.write_text(
+        context_yaml(WORKSPACE, mailbox=address, provider="microsoft", mailbox_fields=fields),
+        encoding="utf-8",
+    )
+    key_file = tmp_path / "vault.key"
+    key_file.write_text("a long operator passphrase for the test vault\n", encoding="utf-8")
+    key_file.chmod(0o600)
+    env: dict[str, str | None] = {k: None for k in os.environ if k.startswith("OUTLOOP_")}
+    env.update(
+        {
+            "OUTLOOP_DATA_DIR": str(tmp_path / "data"),
+            "OUTLOOP_VAULT_BACKEND": "file",
+            "OUTLOOP_VAULT_KEY_FILE": str(key_file),
+            "OUTLOOP_BROWSER_EXECUTABLE": chromium_executable(),
+        }
+    )
+
+    def outloop(*args: str, stdin: str | None = None) -> Done:
+        done = CliRunner().invoke(main, list(args), input=stdin, env=env)
+        return Done(done.exit_code, done.stdout, done.stderr)
+
+    assert outloop("workspace", "add", "--context", str(context)).returncode == 0
+    password = "pw-" + address
+    for name, value in (("password", password), ("totp", SECRET)):
+        stored = outloop("vault", "set", WORKSPACE, address, name, "--stdin", stdin=value)
+        assert stored.returncode == 0, stored.shown
+    done = outloop("login", "--workspace", WORKSPACE)
+    assert done.returncode == 0, done.shown
+    assert f"{address}: signed in as {address}" in done.stdout
+    for path in (tmp_path / "data" / "vault").iterdir():
+        data = path.read_bytes()
+        assert password.encode() not in data and SECRET.encode() not in data
+    assert password not in done.shown and SECRET not in done.shown
