@@ -118,6 +118,10 @@ class _Cursor:
             raise CursorExpired("not a cursor of the Outlook on the web channel") from None
 
 
+class _SignedOut(Exception):
+    """The app refused Send for want of a session (nothing was sent)."""
+
+
 @dataclass(frozen=True)
 class _Item:
     rest_id: str
@@ -477,6 +481,26 @@ class OutlookWeb:
     async def _send(self, handover: Handover) -> SendResult:
         message = handover.message
         composer = await self._composer(message)
+        await self._write(composer, handover)
+        try:
+            answer = await self._press_send(composer)
+        except _SignedOut:  # refused for want of a session: nothing went out
+            answer = await self._send_again(handover)
+        sent = str(answer.get("sent", ""))
+        given = await self._message_id_of(sent) or message.internet_message_id
+        first = message.references[0] if message.references else message.in_reply_to
+        return SendResult(
+            provider_message_id=sent,
+            provider_thread_id=thread_alias(first or given),  # as the core names threads
+            internet_message_id=given,
+            channel=Channel.BROWSER.value,
+            delivered=True,
+            accepted_at=datetime.now(UTC),
+        )
+
+    async def _write(self, composer: Composer, handover: Handover) -> None:
+        """The reply as planned: recipients (checked), subject, the HTML, the files."""
+        message = handover.message
         await composer.body.wait_for()
         await self._recipients(composer, handover)
         await composer.subject.fill(message.subject)
@@ -489,18 +513,37 @@ class OutlookWeb:
                 ]
             )
             await composer.attached.nth(len(message.attachments) - 1).wait_for()
-        answer = await self._press_send(composer)
-        sent = str(answer.get("sent", ""))
-        given = await self._message_id_of(sent) or message.internet_message_id
-        first = message.references[0] if message.references else message.in_reply_to
-        return SendResult(
-            provider_message_id=sent,
-            provider_thread_id=thread_alias(first or given),  # as the core names threads
-            internet_message_id=given,
-            channel=Channel.BROWSER.value,
-            delivered=True,
-            accepted_at=datetime.now(UTC),
-        )
+
+    async def _send_again(self, handover: Handover) -> dict[str, Any]:
+        """After the session ended at Send: sign in, reopen the draft the app saved (its
+        recipients checked again), or write the reply again if none was saved, and send."""
+        await self._sign_in()
+        composer = await self._saved_draft(handover.message)
+        if composer is None:
+            composer = await self._composer(handover.message)
+            await self._write(composer, handover)
+        else:
+            await self._recipients(composer, handover)
+            await composer.subject.fill(handover.message.subject)
+        try:
+            return await self._press_send(composer)
+        except _SignedOut:
+            raise NotHandedOver(
+                f"mailbox {self._mailbox_id}: Outlook signed the browser out again at Send; "
+                "nothing was sent"
+            ) from None
+
+    async def _saved_draft(self, message: OutgoingMessage) -> Composer | None:
+        """The app's saved draft of this send (its block carries the send's token), open."""
+        token = mime.send_token(message.internet_message_id)
+        for _, _, href in await self._rows("drafts"):
+            page = await self._working_page()
+            await page.goto(urlsplit(page.url)._replace(path=href, query="").geturl())
+            composer = Composer(page)
+            await composer.body.wait_for()
+            if _carries(await composer.body.inner_html(), token):
+                return composer
+        return None
 
     async def _message_id_of(self, rest_id: str) -> str | None:
         """The Message-ID Exchange gave a message we sent (Outlook on the web sets its own),
@@ -552,7 +595,7 @@ class OutlookWeb:
                 f"Outlook's answer to Send was lost ({type(exc).__name__})"
             ) from None
         if response.status == 401:
-            raise OutcomeUnknown("Outlook signed the browser out while it sent")
+            raise _SignedOut
         if response.status >= 500 or response.status == 429:
             raise OutcomeUnknown(f"Outlook answered Send with HTTP {response.status}")
         answer: Any = await response.json()
