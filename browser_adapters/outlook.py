@@ -48,6 +48,7 @@ from agent.domain.errors import (
     NotFound,
     NotHandedOver,
     OutcomeUnknown,
+    PasswordRefused,
     ProviderError,
     SignInFailed,
     TransientFailure,
@@ -150,6 +151,7 @@ class OutlookWeb:
         self._account = (account or mailbox_id).lower()
         self._verified = False
         self._person_seconds = person_seconds
+        self._operator_asked = False
         """In a visible browser (``outloop login --headed``): how long a person has to
         complete a challenge managed login stopped at."""
         self._app = app_url.rstrip("/") + "/"
@@ -268,7 +270,11 @@ class OutlookWeb:
         """Sign the mailbox's browser in now (``outloop login``): nothing is typed when
         its kept session is still signed in."""
         async with self._driving():
-            shown = await self._open("inbox")
+            self._operator_asked = True  # an operator's login may type a refused password again
+            try:
+                shown = await self._open("inbox")
+            finally:
+                self._operator_asked = False
             await shown.account.wait_for()
             if self.last_login is None:
                 return LoginReport(account=self._mailbox_id, steps=(), signed_in=False)
@@ -278,6 +284,14 @@ class OutlookWeb:
         """Managed login in a context of its own; the signed-in account verified before
         the session is kept and anything is read."""
         self._page = None
+        refused_at = self._browser.password_refused_at()
+        if refused_at is not None and not self._operator_asked:
+            raise PasswordRefused(
+                f"mailbox {self._mailbox_id}: managed login stopped after Microsoft refused the "
+                f"stored password ({refused_at}); it does not type it again by itself",
+                "store the worker's current password with `outloop vault set`, then run "
+                f"`outloop login --workspace {self._workspace_id} --mailbox {self._mailbox_id}`",
+            )
         async with self._browser.sign_in_context() as context:
             page = await context.new_page()
             await page.goto(self._app)
@@ -294,6 +308,9 @@ class OutlookWeb:
             )
             try:
                 report = await login.run()
+            except PasswordRefused:
+                self._browser.note_password_refused(datetime.now(UTC).isoformat(timespec="seconds"))
+                raise
             except AuthChallengeUnresolved:
                 if self._person_seconds is None:
                     raise
@@ -304,6 +321,7 @@ class OutlookWeb:
             finally:
                 self._browser.keep_code_step(worker.codes.last_step)
             await self._verify_account(MailPage(page))
+        self._browser.clear_password_refused()
         self.last_login = report
         return report
 

@@ -136,6 +136,10 @@ class MailboxBrowser:
         self.state_file = self._dir / f"{digest}.json"
         self._lock_file: IO[bytes] | None = None
         self._context: BrowserContext | None = None
+        self._turn = anyio.Lock()
+        """One task of this process at a time drives the session (the MCP server runs each
+        request as a task of its own)."""
+        self._driver: int | None = None
 
     @property
     def timeout_ms(self) -> float:
@@ -147,15 +151,30 @@ class MailboxBrowser:
     @asynccontextmanager
     async def driving(self) -> AsyncGenerator[None]:
         """Hold the mailbox's lock (bounded) while the block drives its session: no other
-        worker, and no other channel object of this process, drives it meanwhile."""
-        if self._lock_file is not None:  # already held by this object: one operation inside another
+        worker, and no other task of this process, drives it meanwhile (the task holding it
+        may go on into another operation)."""
+        task = anyio.get_current_task().id
+        if self._driver == task:
             yield
             return
-        await self._take_lock()
         try:
-            yield
+            with anyio.fail_after(self._browsers.settings.timeout_seconds * 2):
+                await self._turn.acquire()
+        except TimeoutError:
+            raise TransientFailure(
+                f"mailbox {self.mailbox_id}: another operation is using its browser session; "
+                "try again when it is done"
+            ) from None
+        try:
+            self._driver = task
+            await self._take_lock()
+            try:
+                yield
+            finally:
+                self._release_lock()
         finally:
-            self._release_lock()
+            self._driver = None
+            self._turn.release()
 
     async def _take_lock(self) -> None:
         _private_dir(self._dir)
@@ -238,6 +257,25 @@ class MailboxBrowser:
     @property
     def _code_step_file(self) -> Path:
         return self.state_file.with_suffix(".step")
+
+    @property
+    def _refused_file(self) -> Path:
+        return self.state_file.with_suffix(".refused")
+
+    def password_refused_at(self) -> str | None:
+        """When the provider refused the stored password, if it did since the last
+        successful login (kept across processes: no worker types it again by itself)."""
+        try:
+            return self._refused_file.read_text(encoding="ascii").strip() or "earlier"
+        except OSError:
+            return None
+
+    def note_password_refused(self, at: str) -> None:
+        _private_dir(self._dir)
+        self._refused_file.write_text(at, encoding="ascii")
+
+    def clear_password_refused(self) -> None:
+        self._refused_file.unlink(missing_ok=True)
 
     def forget(self) -> None:
         """Drop the kept session (a signed-out or refused session is not reused)."""

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from playwright.async_api import Locator, Page
 
-from agent.domain.errors import AuthChallengeUnresolved, SignInFailed
+from agent.domain.errors import AuthChallengeUnresolved, PasswordRefused, SignInFailed
 from managed_login.entry import clear_field, enter_secret, refuse_recording
 from managed_login.flow import (
     MAX_PAGES,
@@ -179,7 +179,7 @@ class MicrosoftLogin:
                 "with the setup key) and this machine's clock",
             )
         if WRONG_PASSWORD in text:
-            raise SignInFailed(
+            raise PasswordRefused(
                 f"{self._what}: Microsoft refused the stored password (not retried: retries "
                 "lock the account)",
                 "store the worker's current password with `outloop vault set`",

@@ -18,6 +18,8 @@
     |   +-- AuthenticationExpired   the channel's sign-in or token is no longer valid
     |   +-- SignInFailed            a managed login could not sign in (``code``, ``action``)
     |   |   +-- AuthChallengeUnresolved  the provider shows a page managed login may not pass
+    |   |   +-- PasswordRefused     the provider refused the stored password (never typed again
+    |   |                           by itself: retries lock the account)
     |   +-- Throttled               the provider asks us to slow down (``retry_after`` seconds)
     |   +-- TransientFailure        a failure that may pass (network, 5xx); retried with a bound
     |   |   +-- OutcomeUnknown      a send was handed over and its answer was lost
@@ -154,6 +156,11 @@ class AuthChallengeUnresolved(SignInFailed):
     def __init__(self, message: str, action: str, challenge: str) -> None:
         super().__init__(message, action)
         self.challenge = challenge
+
+
+class PasswordRefused(SignInFailed):
+    """The provider refused the stored password. Managed login types it again only after an
+    operator's ``outloop login`` (retries lock the account)."""
 
 
 class Throttled(ProviderError):

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from agent.domain.errors import AuthChallengeUnresolved, SignInFailed
+from agent.domain.errors import AuthChallengeUnresolved, PasswordRefused, SignInFailed
 from agent.testing.providers import raw_message
 from managed_login.flow import Step
 from managed_login.totp import STEP_SECONDS
@@ -79,8 +79,11 @@ async def test_a_refused_password_is_not_retried_and_no_session_is_kept(
     assert not isinstance(refused.value, AuthChallengeUnresolved)
     assert kept_sessions(account) == []
     assert unread(account) == [True]
-    account.password = "pw-" + MAILBOX  # one refusal, no lockout: the right one signs in
+    with pytest.raises(PasswordRefused, match="does not type it again"):  # another run
+        await account.build().changes(None)
+    account.password = "pw-" + MAILBOX  # the operator stores the current one and logs in
     assert (await account.build().login()).steps == FULL
+    await account.build().changes(None)  # runs read again, the session kept
 
 
 @pytest.mark.parametrize(
