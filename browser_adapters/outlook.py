@@ -773,6 +773,11 @@ def open_outlook_web(
     """The mailbox's Outlook on the web channel, its worker's secrets read by name from the
     vault when a login needs them."""
     access = binding.browser
+    if access.account is not None and access.account != binding.mailbox_id:
+        raise Unsupported(
+            f"mailbox {binding.mailbox_id}: this version signs in to Outlook on the web as the "
+            f"mailbox itself, not as another account ({access.account}); remove browser.account"
+        )
 
     def worker() -> WorkerSignIn:
         return WorkerSignIn(
