@@ -15,6 +15,7 @@ video, and is closed before any traced work begins (``browser_adapters.session``
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Mapping
 from typing import Any, cast
 
@@ -34,9 +35,30 @@ def recording_settings(environ: Mapping[str, str] | None = None) -> list[str]:
     found: list[str] = []
     for name in RECORDING_SETTINGS:
         value = env.get(name, "")
-        if value and (name != "DEBUG" or "pw:" in value or value.strip() == "*"):
+        if value and (name != "DEBUG" or any(_enables(value, log) for log in PLAYWRIGHT_LOGS)):
             found.append(name)
     return found
+
+
+PLAYWRIGHT_LOGS = ("pw:api", "pw:protocol", "pw:channel")
+"""The namespaces of Playwright's debug logs that print what a page is given."""
+
+
+def _enables(debug: str, namespace: str) -> bool:
+    """Whether a ``DEBUG`` value turns ``namespace`` on, read as the ``debug`` package
+    reads it: names split by commas or spaces, ``*`` any run of characters, a leading ``-``
+    turning a name off again."""
+    on = False
+    for name in re.split(r"[\s,]+", debug.strip()):
+        if not name:
+            continue
+        skip = name.startswith("-")
+        pattern = re.escape(name.removeprefix("-")).replace(r"\*", ".*")
+        if re.fullmatch(pattern, namespace):
+            if skip:
+                return False
+            on = True
+    return on
 
 
 def refuse_recording(environ: Mapping[str, str] | None = None) -> None:
