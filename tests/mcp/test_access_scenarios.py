@@ -133,15 +133,22 @@ class RoutedStation(ApiStation):
             store.close()
 
 
-def _station(
-    tmp_path: Path, *, scopes: list[str] | None = None, **fields: Any
+def routed_station(
+    tmp_path: Path,
+    *,
+    scopes: list[str] | None = None,
+    kind: type[RoutedStation] = RoutedStation,
+    **fields: Any,
 ) -> tuple[RoutedStation, dict[str, Any]]:
+    """A registered workspace whose Microsoft mailbox is a new account of the session's
+    mock (``scopes``: the OAuth scopes its app holds), with ``fields`` set on the station
+    before its context is written."""
     admin = session_mock()
     ensure_people(admin)
     mailbox = f"ops-{uuid.uuid4().hex[:10]}@fabrikam.test"
     extra = {"scopes": scopes} if scopes is not None else {}
     account = admin.account(mailbox, "microsoft", **extra)
-    station = RoutedStation(
+    station = kind(
         root=tmp_path / "station",
         clock=MailServerTime(),
         workspace_id=WORKSPACE,
@@ -160,7 +167,7 @@ def _station(
 def without_graph(tmp_path: Path) -> Iterator[RoutedStation]:
     """Outlook whose Graph connector the context does not permit: the provider MCP server
     and the browser are."""
-    station, account = _station(tmp_path, channels="[provider_mcp, browser]")
+    station, account = routed_station(tmp_path, channels="[provider_mcp, browser]")
     station.vault_set("mcp_token", account["access_token"])
     yield station
     assert station.inbox_state() == station.inbox
@@ -227,7 +234,7 @@ async def test_scenario_09_outlook_without_graph_works_through_the_permitted_pro
 async def test_scenario_08_with_no_connector_on_the_api_side_the_browser_is_the_next_path(
     tmp_path: Path,
 ) -> None:
-    station, _ = _station(tmp_path, mcp=False)  # nothing connected, no MCP server named
+    station, _ = routed_station(tmp_path, mcp=False)  # nothing connected, no MCP server named
     station.deliver(sender=CLIENT, subject="Quote request")
     async with station.client() as client:
         access = await call(client, "access_status", workspace_id=station.workspace_id)
@@ -257,7 +264,9 @@ async def test_scenario_08_with_no_connector_on_the_api_side_the_browser_is_the_
 async def test_an_unreachable_graph_is_an_access_gap_and_the_provider_mcp_server_reads_on(
     tmp_path: Path,
 ) -> None:
-    station, account = _station(tmp_path, channels="[api, provider_mcp]", api_base=CLOSED_PORT_URL)
+    station, account = routed_station(
+        tmp_path, channels="[api, provider_mcp]", api_base=CLOSED_PORT_URL
+    )
     station.connect_both(account)
     request_id = station.deliver(sender=CLIENT, subject="Quote request")
     async with station.client() as client:
@@ -287,7 +296,7 @@ async def test_scenario_11_a_policy_refusal_is_not_routed_around_and_reads_go_on
         "https://graph.microsoft.com/User.Read",
         "https://graph.microsoft.com/Mail.ReadWrite",
     ]
-    station, account = _station(
+    station, account = routed_station(
         tmp_path, scopes=no_send, channels="[api, provider_mcp]", reads_after_refusal=authorized
     )
     station.connect_both(account)
@@ -344,7 +353,7 @@ async def test_scenario_11_a_policy_refusal_is_not_routed_around_and_reads_go_on
 async def test_a_send_graph_lost_the_answer_to_is_settled_from_graphs_copy_before_the_provider_mcp_server_may_send(
     tmp_path: Path,
 ) -> None:
-    station, account = _station(tmp_path, channels="[api, provider_mcp]")
+    station, account = routed_station(tmp_path, channels="[api, provider_mcp]")
     station.connect_both(account)
     station.deliver(sender=CLIENT, subject="Quote request")
     async with station.client() as client:

@@ -19,7 +19,6 @@ with the worker's password and authenticator secret from the vault.
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import partial
@@ -45,14 +44,13 @@ from tests.mcp.conftest import (
     refused,
     to_draft_ready,
 )
-from tests.mcp.test_access_scenarios import MCP_ENDPOINT, RoutedStation
+from tests.mcp.test_access_scenarios import MCP_ENDPOINT, RoutedStation, routed_station
 from tests.mcp.test_api_scenarios import (
     approve_by_reply,
-    ensure_people,
     parsed,
     request_approval,
 )
-from tests.mcp.test_imap_scenarios import CLIENT_NAME, MailServerTime
+from tests.mcp.test_imap_scenarios import CLIENT_NAME
 from tests.mcp.test_scenarios import HEBREW_BODY, HEBREW_SUBJECT
 
 pytestmark = pytest.mark.anyio
@@ -107,24 +105,11 @@ def codes_clock(monkeypatch: pytest.MonkeyPatch) -> Iterator[WebClock]:
 def _station(
     tmp_path: Path, channels: str, *, scopes: list[str] | None = None, **fields: Any
 ) -> tuple[BrowserStation, dict[str, Any]]:
-    admin = session_mock()
-    ensure_people(admin)
-    mailbox = f"web-{uuid.uuid4().hex[:10]}@fabrikam.test"
-    extra = {"scopes": scopes} if scopes is not None else {}
-    account = admin.account(mailbox, "microsoft", **extra)
-    station = BrowserStation(
-        root=tmp_path / "station",
-        clock=MailServerTime(),
-        workspace_id=WORKSPACE,
-        admin=admin,
-        kind="microsoft",
-        mailbox=mailbox,
+    station, account = routed_station(
+        tmp_path, scopes=scopes, kind=BrowserStation, channels=channels, **fields
     )
-    for name, value in {"channels": channels, **fields}.items():
-        setattr(station, name, value)
-    station.register(station.context())
+    assert isinstance(station, BrowserStation)
     station.worker_secrets()
-    station.inbox = station.inbox_state()
     return station, account
 
 
