@@ -83,7 +83,8 @@ CURSOR_PREFIX = "owa1."
 MARKER_PREFIX = "owa-sent:"
 LARGEST = 25 * 1024 * 1024
 SENT_SCAN = 50
-"""The newest conversations of Sent Items searched for a copy another channel sent."""
+"""The most conversations of Sent Items a search for a copy reads (past them, a copy not
+found is not proven absent)."""
 DIGEST = 12
 REPLY_MARK = re.compile(r'<div id="appendonsend"></div>.*', re.S | re.I)
 QUOTE_RULE = "\n" + "_" * 32
@@ -230,6 +231,11 @@ class OutlookWeb:
             self._showing = None
             try:
                 yield
+            except PlaywrightError as exc:  # a page that stopped answering: every wait is bounded
+                raise TransientFailure(
+                    f"mailbox {self._mailbox_id}: Outlook on the web did not answer "
+                    f"({_what(exc)}); try again later"
+                ) from None
             finally:
                 self._showing = None
 
@@ -482,29 +488,39 @@ class OutlookWeb:
         )
 
     async def _parent(self, message: OutgoingMessage) -> _Item:
-        """The inbox item the reply answers, by its Message-ID: known from this channel's
-        reading, else looked for conversation by conversation, newest first."""
+        """The item the reply answers, by its Message-ID: known from this channel's
+        reading, else looked for conversation by conversation, newest first - the Inbox's,
+        then Sent Items' (a reminder answers our own message)."""
         wanted = message.in_reply_to
         assert wanted is not None
-        if wanted in self._by_message_id:
-            return self._by_message_id[wanted]
-        for conversation, _, href in await self._rows("inbox"):
-            for item in await self._conversation(conversation, href):
-                if item.folder == "inbox" and item.rest_id not in self._read_items:
-                    await self._scanned(item)
+        for folder in ("inbox", "sentitems"):
             if wanted in self._by_message_id:
-                return self._by_message_id[wanted]
-        raise ProviderError(f"the message {wanted} answered is not in the mailbox")
+                break
+            for conversation, _, href in await self._rows(folder):
+                for item in await self._conversation(conversation, href):
+                    await self._index(item)
+                if wanted in self._by_message_id:
+                    break
+        if wanted not in self._by_message_id:
+            raise ProviderError(f"the message {wanted} answered is not in the mailbox")
+        return self._by_message_id[wanted]
+
+    async def _index(self, item: _Item) -> None:
+        """Learn an item's Message-ID (an inbox item is read as intake reads it)."""
+        if item.rest_id in self._read_items or item.folder not in ("inbox", "sentitems"):
+            return
+        if item.folder == "inbox":
+            await self._scanned(item)
+            return
+        self._read_items.add(item.rest_id)
+        message_id = await self._message_id_of(item.rest_id)
+        if message_id is not None:
+            self._by_message_id[message_id] = item
 
     async def _send(self, handover: Handover) -> SendResult:
         message = handover.message
-        composer = await self._composer(message)
-        await self._write(composer, handover)
-        try:
-            answer = await self._press_send(composer)
-        except _SignedOut:  # refused for want of a session: nothing went out
-            answer = await self._send_again(handover)
-        sent = str(answer.get("sent", ""))
+        answer = await self._written_and_sent(handover)
+        sent = str(answer["sent"])
         given = await self._message_id_of(sent) or message.internet_message_id
         first = message.references[0] if message.references else message.in_reply_to
         return SendResult(
@@ -515,6 +531,22 @@ class OutlookWeb:
             delivered=True,
             accepted_at=datetime.now(UTC),
         )
+
+    async def _written_and_sent(self, handover: Handover) -> dict[str, Any]:
+        """The reply written and Send pressed once; a page that stops answering before
+        Send is pressed sent nothing."""
+        try:
+            composer = await self._composer(handover.message)
+            await self._write(composer, handover)
+        except PlaywrightError as exc:
+            raise NotHandedOver(
+                f"mailbox {self._mailbox_id}: Outlook's composer did not answer "
+                f"({_what(exc)}); Send was not pressed"
+            ) from None
+        try:
+            return await self._press_send(composer)
+        except _SignedOut:  # refused for want of a session: nothing went out
+            return await self._send_again(handover)
 
     async def _write(self, composer: Composer, handover: Handover) -> None:
         """The reply as planned: recipients (checked), subject, the HTML, the files."""
@@ -534,15 +566,22 @@ class OutlookWeb:
 
     async def _send_again(self, handover: Handover) -> dict[str, Any]:
         """After the session ended at Send: sign in, reopen the draft the app saved (its
-        recipients checked again), or write the reply again if none was saved, and send."""
-        await self._sign_in()
-        composer = await self._saved_draft(handover.message)
-        if composer is None:
-            composer = await self._composer(handover.message)
-            await self._write(composer, handover)
-        else:
-            await self._recipients(composer, handover)
-            await composer.subject.fill(handover.message.subject)
+        recipients set and checked again), or write the reply again if none was saved as
+        planned, and send."""
+        try:
+            await self._sign_in()
+            composer = await self._saved_draft(handover.message)
+            if composer is None:
+                composer = await self._composer(handover.message)
+                await self._write(composer, handover)
+            else:
+                await self._recipients(composer, handover)
+                await composer.subject.fill(handover.message.subject)
+        except PlaywrightError as exc:
+            raise NotHandedOver(
+                f"mailbox {self._mailbox_id}: Outlook did not answer while the reply was "
+                f"written again ({_what(exc)}); Send was not pressed again"
+            ) from None
         try:
             return await self._press_send(composer)
         except _SignedOut:
@@ -552,23 +591,36 @@ class OutlookWeb:
             ) from None
 
     async def _saved_draft(self, message: OutgoingMessage) -> Composer | None:
-        """The app's saved draft of this send (its block carries the send's token), open."""
+        """The app's saved draft of this send (its block carries the send's token) whose
+        body and files are as planned, open; every other saved draft of the send (a second
+        one, or one saved half-written) is discarded, so none is left to be sent by hand."""
         token = mime.send_token(message.internet_message_id)
+        kept: str | None = None
         for _, _, href in await self._rows("drafts"):
-            page = await self._working_page()
-            await page.goto(urlsplit(page.url)._replace(path=href, query="").geturl())
-            composer = Composer(page)
-            await composer.body.wait_for()
-            if _carries(await composer.body.inner_html(), token):
-                return composer
-        return None
+            composer = await self._open_draft(href)
+            if not _carries(await composer.body.inner_html(), token):
+                continue
+            if kept is None and await _as_planned(composer, message):
+                kept = href
+                continue
+            async with composer.root.page.expect_navigation():
+                await composer.discard.click()
+        return None if kept is None else await self._open_draft(kept)
+
+    async def _open_draft(self, href: str) -> Composer:
+        page = await self._working_page()
+        await page.goto(urlsplit(page.url)._replace(path=href, query="").geturl())
+        composer = Composer(page)
+        await composer.body.wait_for()
+        return composer
 
     async def _message_id_of(self, rest_id: str) -> str | None:
         """The Message-ID Exchange gave a message we sent (Outlook on the web sets its own),
-        read from its source; None while the copy does not show yet."""
+        read from its source; None while the copy does not show yet (the message went out:
+        nothing here may fail the send)."""
         try:
             raw = await self._source(rest_id)
-        except NotFound:
+        except (NotFound, PlaywrightError):
             return None
         ids = rfc822.header_ids(rfc822.parse(raw), "Message-ID")
         return ids[0] if ids else None
@@ -603,6 +655,10 @@ class OutlookWeb:
             )
 
     async def _press_send(self, composer: Composer) -> dict[str, Any]:
+        """Send pressed once and the app's answer read: refused for want of a session
+        (``_SignedOut``, nothing went out), refused outright (``NotHandedOver``), or anything
+        that may have sent it (a lost or unreadable answer, a draft already gone) is
+        ``OutcomeUnknown``: settled from Sent Items, never sent again blind."""
         page = composer.root.page
         try:
             async with page.expect_response(_is_send) as answered:
@@ -612,13 +668,16 @@ class OutlookWeb:
             raise OutcomeUnknown(
                 f"Outlook's answer to Send was lost ({type(exc).__name__})"
             ) from None
-        if response.status == 401:
+        status = response.status
+        if status == 401:
             raise _SignedOut
-        if response.status >= 500 or response.status == 429:
-            raise OutcomeUnknown(f"Outlook answered Send with HTTP {response.status}")
-        answer: Any = await response.json()
-        if response.status != 200 or not isinstance(answer, dict):
-            raise NotHandedOver(f"Outlook refused the message (HTTP {response.status})")
+        if status == 404:  # the draft is gone: sent (perhaps by this very press) or discarded
+            raise OutcomeUnknown("Outlook no longer has the draft Send was pressed on")
+        if 400 <= status < 500 and status != 429:
+            raise NotHandedOver(f"Outlook refused the message (HTTP {status}); nothing was sent")
+        answer = await _json_of(response) if status == 200 else None
+        if not isinstance(answer, dict) or not answer.get("sent"):  # pyright: ignore[reportUnknownMemberType]
+            raise OutcomeUnknown(f"Outlook's answer to Send could not be read (HTTP {status})")
         return dict(answer)  # pyright: ignore[reportUnknownArgumentType]
 
     async def _find_sent(self, marker: Marker) -> StoredCopy | None:
@@ -633,30 +692,46 @@ class OutlookWeb:
         if not marker.value.startswith(MARKER_PREFIX):
             return None  # a native marker of another channel's: no copy of this one's
         conversation, _, wanted = marker.value.removeprefix(MARKER_PREFIX).rpartition(":")
-        rows = await self._rows("sentitems")
-        if conversation:
-            rows = [row for row in rows if row[0] == conversation]
-        for found, _, href in rows[:SENT_SCAN]:
-            for item in reversed(await self._conversation(found, href)):
-                if item.folder != "sentitems":
-                    continue
-                copy = _ours(_stored_copy(await self._source(item.rest_id), item.rest_id))
-                if _carries(copy.html or "", wanted):
-                    return copy
-        return None
+        items, complete = await self._sent_items(conversation)
+        for item in items:
+            copy = _ours(_stored_copy(await self._source(item.rest_id), item.rest_id))
+            if _carries(copy.html or "", wanted):
+                return copy
+        return self._absent(complete)
 
     async def _sent_with_message_id(self, message_id: str) -> StoredCopy | None:
-        """A copy another channel sent with our Message-ID, among the newest
-        ``SENT_SCAN`` conversations of Sent Items (an uncertain send is settled while its
-        copy is among the newest)."""
-        for conversation, _, href in (await self._rows("sentitems"))[:SENT_SCAN]:
-            for item in reversed(await self._conversation(conversation, href)):
-                if item.folder != "sentitems":
-                    continue
-                raw = await self._source(item.rest_id)
-                if rfc822.header_ids(rfc822.parse(raw), "Message-ID")[:1] == (message_id,):
-                    return _ours(_stored_copy(raw, item.rest_id))
-        return None
+        """A copy another channel sent with our Message-ID (an uncertain send is settled
+        while its copy is among the newest conversations of Sent Items)."""
+        items, complete = await self._sent_items("")
+        for item in items:
+            raw = await self._source(item.rest_id)
+            if rfc822.header_ids(rfc822.parse(raw), "Message-ID")[:1] == (message_id,):
+                return _ours(_stored_copy(raw, item.rest_id))
+        return self._absent(complete)
+
+    async def _sent_items(self, conversation: str) -> tuple[list[_Item], bool]:
+        """The Sent Items a copy may be among, newest first - those of the named
+        conversation, else of the newest ``SENT_SCAN`` conversations - and whether they are
+        all it may be among: the named conversation was listed (its page shows every item),
+        or the list is shorter than Outlook on the web may cut it."""
+        rows = await self._rows("sentitems")
+        chosen = [row for row in rows if row[0] == conversation] if conversation else rows
+        complete = len(rows) < SENT_SCAN or (bool(conversation) and bool(chosen))
+        found: list[_Item] = []
+        for row, _, href in chosen[:SENT_SCAN]:
+            items = reversed(await self._conversation(row, href))
+            found += [item for item in items if item.folder == "sentitems"]
+        return found, complete
+
+    def _absent(self, complete: bool) -> None:
+        """No copy found: proven absent only by a search that read everywhere it could be."""
+        if complete:
+            return None
+        raise TransientFailure(
+            f"mailbox {self._mailbox_id}: no copy among the newest {SENT_SCAN} conversations "
+            "of Sent Items, and Outlook on the web lists no further: its absence is not "
+            "proven; it is settled through another channel or by a person"
+        )
 
     async def _health(self) -> ProviderHealth:
         try:
@@ -714,9 +789,40 @@ def _wrapped(message: OutgoingMessage) -> str:
     return f'<div class="{token}">{_html_of(message)}</div>'
 
 
+async def _as_planned(composer: Composer, message: OutgoingMessage) -> bool:
+    """Whether a reopened draft holds what the send planned: the text of our block as the
+    page's own parser reads the planned HTML, and the planned files by name."""
+    same_text = await composer.body.evaluate(
+        """(el, [token, markup]) => {
+            const block = el.querySelector('.' + CSS.escape(token));
+            const planned = document.createElement('div');
+            planned.innerHTML = markup;
+            return block !== null && block.textContent === planned.textContent;
+        }""",
+        [mime.send_token(message.internet_message_id), _wrapped(message)],
+    )
+    names = await composer.attached.evaluate_all(
+        "els => els.map(e => e.getAttribute('aria-label'))"
+    )
+    return bool(same_text) and sorted(names) == sorted(f.ref.name for f in message.attachments)
+
+
+def _what(exc: PlaywrightError) -> str:
+    """A Playwright error in a line: its kind and first line (never its call log)."""
+    first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    return f"{type(exc).__name__}: {first[:160]}"
+
+
 def _folder_of(path: str) -> str:
     parts = urlsplit(path).path.split("/")
     return parts[parts.index("id") - 1] if "id" in parts[1:] else "inbox"
+
+
+async def _json_of(response: Response) -> object:
+    try:
+        return await response.json()
+    except (PlaywrightError, ValueError):
+        return None
 
 
 def _is_send(response: Response) -> bool:

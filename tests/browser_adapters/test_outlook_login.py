@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import shutil
 import stat
-from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
@@ -17,34 +16,10 @@ from agent.testing.providers import raw_message
 from managed_login.flow import Step
 from managed_login.totp import STEP_SECONDS
 from tests.browser_adapters.outlook_mock import CLOCK, OutlookAccount, WebClock
-from tests.providers.private_mock import PrivateMock
 
 pytestmark = pytest.mark.anyio
 MAILBOX = "worker@fabrikam.test"
 FULL = (Step.ACCOUNT, Step.PASSWORD, Step.CODE, Step.STAY_SIGNED_IN, Step.ARRIVED)
-
-_private = PrivateMock("outlook-login")
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _stop_private_mock() -> Iterator[None]:
-    yield
-    _private.stop()
-
-
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
-@pytest.fixture
-async def account(tmp_path: Path, anyio_backend: str) -> AsyncIterator[OutlookAccount]:
-    del anyio_backend
-    admin = _private.admin()
-    admin.reset()
-    found = OutlookAccount(admin, MAILBOX, tmp_path / "browser", WebClock(admin))
-    yield found
-    await found.aclose()
 
 
 def unread(account: OutlookAccount) -> list[bool]:

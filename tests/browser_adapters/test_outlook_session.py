@@ -5,44 +5,21 @@ draft was saved - and the reply goes out exactly once."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
-from pathlib import Path
+from collections.abc import Awaitable, Callable
 
 import pytest
+from playwright.async_api import TimeoutError as PlaywrightTimeout
 from playwright.async_api import expect
 
+from agent.domain.errors import NotHandedOver
 from agent.testing.providers import CLIENT, envelopes, raw_message, read_all, reply
 from browser_adapters import outlook
 from browser_adapters.outlook_pages import Composer
 from managed_login.flow import Step
-from tests.browser_adapters.outlook_mock import OutlookAccount, WebClock
-from tests.providers.private_mock import PrivateMock
+from tests.browser_adapters.outlook_mock import OutlookAccount
 
 pytestmark = pytest.mark.anyio
 MAILBOX = "support@fabrikam.test"
-
-_private = PrivateMock("outlook-session")
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _stop_private_mock() -> Iterator[None]:
-    yield
-    _private.stop()
-
-
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
-@pytest.fixture
-async def account(tmp_path: Path, anyio_backend: str) -> AsyncIterator[OutlookAccount]:
-    del anyio_backend
-    admin = _private.admin()
-    admin.reset()
-    found = OutlookAccount(admin, MAILBOX, tmp_path / "browser", WebClock(admin))
-    yield found
-    await found.aclose()
 
 
 def _expiring(
@@ -84,3 +61,71 @@ async def test_a_session_ending_mid_reply_signs_in_again_and_sends_the_reply_onc
     assert [a.address for a in copy.to] == [CLIENT]
     assert account.sent_copies(message.internet_message_id) == 1
     assert account.stored("drafts") == []  # the saved draft was the one sent
+
+
+async def test_a_half_written_draft_is_discarded_and_the_reply_written_again_after_sign_in(
+    account: OutlookAccount, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The session ends after the app saved a draft holding half the reply: the draft is
+    not what was planned, so it is discarded and the whole reply written and sent once."""
+    channel = account.build()
+    account.deliver(raw_message(1))
+    [parent] = envelopes((await read_all(channel))[0])
+    message = reply(parent, channel.capabilities).model_copy(
+        update={"text": "We are on it.\nThe second line."}
+    )
+    handover = await channel.prepare(message)
+    inserted: Callable[[Composer, str], Awaitable[None]] = outlook._insert_html  # pyright: ignore[reportPrivateUsage]
+    calls: list[str] = []
+
+    async def half_then_whole(composer: Composer, markup: str) -> None:
+        calls.append(markup)
+        if len(calls) > 1:
+            await inserted(composer, markup)
+            return
+        await inserted(composer, markup.replace("The second line.", ""))
+        await expect(composer.status).to_contain_text("Draft saved")
+        account.admin.faults(expire_web_sessions=True)
+
+    monkeypatch.setattr(outlook, "_insert_html", half_then_whole)
+    await channel.send(handover)
+    assert len(calls) == 2  # written again in full
+    assert handover.marker is not None
+    copy = await channel.find_sent(handover.marker)
+    assert copy is not None and "The second line." in copy.text
+    assert account.sent_copies(message.internet_message_id) == 1
+    assert account.stored("drafts") == []
+
+
+async def test_a_page_that_stops_answering_before_send_sends_nothing_and_leaves_no_draft_behind(
+    account: OutlookAccount, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A composer that stops answering before Send: nothing was sent (NotHandedOver, so
+    the send may be tried again). The draft the app saved on the way is discarded when the
+    next attempt reopens drafts, so no second copy of the reply waits to be sent by hand."""
+    channel = account.build()
+    account.deliver(raw_message(1))
+    [parent] = envelopes((await read_all(channel))[0])
+    message = reply(parent, channel.capabilities)
+    handover = await channel.prepare(message)
+    inserted: Callable[[Composer, str], Awaitable[None]] = outlook._insert_html  # pyright: ignore[reportPrivateUsage]
+    calls: list[str] = []
+
+    async def stuck_then_expiring(composer: Composer, markup: str) -> None:
+        calls.append(markup)
+        await inserted(composer, markup)
+        await expect(composer.status).to_contain_text("Draft saved")
+        if len(calls) == 1:
+            raise PlaywrightTimeout("Locator.click: Timeout 10000ms exceeded.")
+        if len(calls) == 2:
+            account.admin.faults(expire_web_sessions=True)
+
+    monkeypatch.setattr(outlook, "_insert_html", stuck_then_expiring)
+    with pytest.raises(NotHandedOver, match="Send was not pressed"):
+        await channel.send(handover)
+    assert account.sent_copies(message.internet_message_id) == 0
+    assert len(account.stored("drafts")) == 1
+    await channel.send(handover)  # the session ends at Send: both saved drafts are found
+    assert len(calls) == 2  # the newer draft was reopened, not written a third time
+    assert account.sent_copies(message.internet_message_id) == 1
+    assert account.stored("drafts") == []

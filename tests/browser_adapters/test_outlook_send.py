@@ -1,0 +1,136 @@
+"""What Outlook on the web answers to Send, and what a search of Sent Items may conclude:
+an answer that may hide a sent message is an unknown outcome (settled from the copies,
+never sent again blind), a refusal sent nothing, and a copy not found where the search did
+not read is not proven absent."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+
+import pytest
+from playwright.async_api import Route
+
+from agent.domain.errors import NotHandedOver, OutcomeUnknown, TransientFailure
+from agent.domain.mail import Marker, MarkerKind
+from agent.testing.providers import envelopes, raw_message, read_all, reply
+from browser_adapters import outlook
+from browser_adapters.outlook_pages import Composer
+from tests.browser_adapters.outlook_mock import OutlookAccount
+
+pytestmark = pytest.mark.anyio
+MAILBOX = "support@fabrikam.test"
+
+
+def _answering_send(
+    monkeypatch: pytest.MonkeyPatch, *, goes_through: bool, status: int, body: str
+) -> None:
+    """Outlook's answer to Send replaced by ``status`` and ``body``, after the message
+    really went (``goes_through``) or without it reaching the app."""
+    inserted: Callable[[Composer, str], Awaitable[None]] = outlook._insert_html  # pyright: ignore[reportPrivateUsage]
+
+    async def answer(route: Route) -> None:
+        if goes_through:
+            await route.fetch()
+        await route.fulfill(status=status, body=body, content_type="application/json")
+
+    async def then_answered(composer: Composer, markup: str) -> None:
+        await composer.root.page.route("**/_api/send", answer)
+        await inserted(composer, markup)
+
+    monkeypatch.setattr(outlook, "_insert_html", then_answered)
+
+
+@pytest.mark.parametrize(
+    ("status", "body"),
+    [
+        (404, '{"error": "That draft was sent or discarded."}'),
+        (200, "<html>Something went wrong</html>"),
+        (204, ""),
+    ],
+    ids=["draft_gone", "not_json", "no_content"],
+)
+async def test_an_answer_to_send_that_may_hide_a_sent_message_is_an_unknown_outcome(
+    account: OutlookAccount, monkeypatch: pytest.MonkeyPatch, status: int, body: str
+) -> None:
+    channel = account.build()
+    account.deliver(raw_message(1))
+    [parent] = envelopes((await read_all(channel))[0])
+    message = reply(parent, channel.capabilities)
+    handover = await channel.prepare(message)
+    _answering_send(monkeypatch, goes_through=True, status=status, body=body)
+    with pytest.raises(OutcomeUnknown):
+        await channel.send(handover)
+    assert account.sent_copies(message.internet_message_id) == 1
+    assert handover.marker is not None
+    assert await channel.find_sent(handover.marker) is not None  # settled from the copy
+
+
+async def test_a_send_outlook_refuses_sent_nothing_and_may_be_tried_again(
+    account: OutlookAccount, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    channel = account.build()
+    account.deliver(raw_message(1))
+    [parent] = envelopes((await read_all(channel))[0])
+    message = reply(parent, channel.capabilities)
+    handover = await channel.prepare(message)
+    refusal = '{"error": "Please specify at least one recipient."}'
+    _answering_send(monkeypatch, goes_through=False, status=400, body=refusal)
+    with pytest.raises(NotHandedOver, match="HTTP 400"):
+        await channel.send(handover)
+    assert account.sent_copies(message.internet_message_id) == 0
+
+
+async def test_a_copy_not_among_the_conversations_searched_is_not_proven_absent(
+    account: OutlookAccount, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Sent Items listing as many conversations as a search reads: a copy of a listed
+    conversation is found or proven absent, any other is a transient failure (so an
+    uncertain send is never taken as not sent)."""
+    monkeypatch.setattr(outlook, "SENT_SCAN", 2)
+    channel = account.build()
+    for n in (1, 2):
+        account.deliver(raw_message(n))
+    parents = envelopes((await read_all(channel))[0])
+    markers: list[Marker] = []
+    for n, parent in enumerate(parents):
+        handover = await channel.prepare(reply(parent, channel.capabilities, f"<r-{n}@f.test>"))
+        await channel.send(handover)
+        assert handover.marker is not None
+        markers.append(handover.marker)
+    listed, _, _ = markers[0].value.removeprefix(outlook.MARKER_PREFIX).rpartition(":")
+    other_send = Marker(kind=MarkerKind.NATIVE, value=f"{outlook.MARKER_PREFIX}{listed}:no-such")
+    assert await channel.find_sent(markers[0]) is not None
+    assert await channel.find_sent(other_send) is None  # its conversation was read whole
+    with pytest.raises(TransientFailure, match="absence is not proven"):
+        await channel.find_sent(Marker(kind=MarkerKind.NATIVE, value=f"{outlook.MARKER_PREFIX}:x"))
+    with pytest.raises(TransientFailure, match="absence is not proven"):
+        await channel.find_sent(Marker(kind=MarkerKind.MESSAGE_ID, value="<gone@f.test>"))
+    monkeypatch.setattr(outlook, "SENT_SCAN", 3)
+    assert (
+        await channel.find_sent(Marker(kind=MarkerKind.MESSAGE_ID, value="<gone@f.test>")) is None
+    )
+
+
+async def test_a_reply_to_our_own_sent_message_is_written_on_it_from_sent_items(
+    account: OutlookAccount,
+) -> None:
+    """A reminder answers our own message: a channel that has not read it finds it among
+    Sent Items by the Message-ID Exchange gave it, and replies in its conversation."""
+    channel = account.build()
+    account.deliver(raw_message(1))
+    [parent] = envelopes((await read_all(channel))[0])
+    first = await channel.send(await channel.prepare(reply(parent, channel.capabilities)))
+    reminder = reply(parent, channel.capabilities, "<reminder-1@fabrikam.test>").model_copy(
+        update={
+            "in_reply_to": first.internet_message_id,
+            "references": (*parent.references, first.internet_message_id),
+        }
+    )
+    fresh = account.build()  # knows nothing of what the first instance read or sent
+    handover = await fresh.prepare(reminder)
+    sent = await fresh.send(handover)
+    assert handover.marker is not None
+    copy = await fresh.find_sent(handover.marker)
+    assert copy is not None and copy.provider_message_id == sent.provider_message_id
+    assert account.sent_copies(reminder.internet_message_id) == 1
+    assert len({m["thread_id"] for m in account.stored("sent")}) == 1  # one conversation
