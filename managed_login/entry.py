@@ -6,7 +6,8 @@ exception; ``keyboard.*`` and ``evaluate`` arguments go into the trace; DOM snap
 every input's value. A value sent as Chrome DevTools ``Input.insertText`` on a CDP session
 of its own is in none of them (only in ``DEBUG=pw:protocol``, which a login refuses to run
 under). So a secret is typed here, into the focused field, through a session opened for it
-and closed at once; the caller clears the field if the page stays on it.
+and closed at once - only once the field is checked to hold the focus, and the field checked
+to hold the whole secret afterwards; the caller clears the field if the page stays on it.
 
 Sign-in pages run in a browser context of their own that never traces, records HAR or
 video, and is closed before any traced work begins (``browser_adapters.session``).
@@ -77,7 +78,14 @@ async def enter_secret(field: Locator, secret: Secret) -> None:
     own; nothing Playwright records is given the value."""
     refuse_recording()
     await field.focus()
-    await field.evaluate("el => { el.value = ''; }")
+    focused = await field.evaluate("el => { el.value = ''; return el === document.activeElement; }")
+    if not focused:  # the text would go wherever the focus went instead
+        raise SignInFailed(
+            "the sign-in page moved the focus away from the field a secret was for; nothing "
+            "was typed",
+            "run `outloop login` again; if it happens again, the page is not one managed "
+            "login knows",
+        )
     page = field.page
     session = await page.context.new_cdp_session(page)
     try:
@@ -85,6 +93,15 @@ async def enter_secret(field: Locator, secret: Secret) -> None:
         await send("Input.insertText", {"text": secret.reveal()})
     finally:
         await session.detach()
+    units = len(secret.reveal().encode("utf-16-le")) // 2  # a page counts UTF-16 units
+    typed = await field.evaluate("(el, n) => el.value.length === n", units)
+    if not typed:
+        await clear_field(field)
+        raise SignInFailed(
+            "the secret did not arrive whole in the sign-in field (the page moved the focus "
+            "while it was typed); the field was emptied",
+            "run `outloop login` again",
+        )
 
 
 async def clear_field(field: Locator) -> None:

@@ -257,9 +257,15 @@ class Providers:
             return self._build(workspace_id, binding, channels[0])
         return self.route(workspace_id, binding)
 
-    def route(self, workspace_id: str, binding: MailboxBinding) -> AccessRoute:
-        """The access route through every permitted channel of the mailbox, each step
-        recorded in the health records when a store was given."""
+    def route(
+        self,
+        workspace_id: str,
+        binding: MailboxBinding,
+        channels: tuple[Channel, ...] | None = None,
+    ) -> AccessRoute:
+        """The access route through every permitted channel of the mailbox (or through
+        ``channels`` of them), each step recorded in the health records when a store was
+        given."""
 
         def record(channel: Channel, detail: str) -> None:
             if self._health is not None:
@@ -276,7 +282,7 @@ class Providers:
             binding.mailbox_id,
             [
                 Candidate(channel, partial(self._build, workspace_id, binding, channel))
-                for channel in binding.permitted_channels
+                for channel in channels or binding.permitted_channels
             ],
             clock=self._clock,
             reads_after_refusal=binding.reads_after_refusal,
@@ -367,7 +373,8 @@ class Providers:
 
     def only(self, channel: Channel) -> ProviderFactory:
         """Each mailbox through ``channel`` alone (``outloop run --access browser``): a
-        mailbox whose context does not permit it is not read."""
+        mailbox whose context does not permit it is not read, and a refusal the mailbox's
+        other channels met holds here too (the route's own rules, on one channel)."""
 
         def build(workspace_id: str, binding: MailboxBinding) -> MailProvider:
             if channel not in binding.permitted_channels:
@@ -375,7 +382,7 @@ class Providers:
                     f"mailbox {binding.mailbox_id} does not permit the {channel} channel in "
                     f"workspace {workspace_id}'s context"
                 )
-            return self._build(workspace_id, binding, channel)
+            return self.route(workspace_id, binding, (channel,))
 
         return build
 

@@ -218,6 +218,8 @@ class SendView(_Out):
     channel: str
     delivered: bool
     internet_message_id: str
+    """The Message-ID it went out with: ours, or the provider's where the channel could
+    not set ours (a web app's send)."""
     provider_message_id: str | None
     provider_thread_id: str | None
     to: list[str]

@@ -701,7 +701,7 @@ async def send_tool(
         status=done.outcome.status.value,
         channel=result.channel if result else record.detail,
         delivered=result.delivered if result else False,
-        internet_message_id=record.internet_message_id,
+        internet_message_id=done.outcome.message_id,
         provider_message_id=record.provider_message_id,
         provider_thread_id=result.provider_thread_id if result else None,
         to=list(to_addrs),

@@ -9,16 +9,10 @@ from pathlib import Path
 
 import pytest
 
-LAUNCH_ARGS = [
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-dev-shm-usage",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--no-first-run",
-    "--no-default-browser-check",
-]
+from browser_adapters import session
+
+LAUNCH_ARGS = list(session.LAUNCH_ARGS)
+"""The product's own flags for headless Chromium on a server."""
 
 
 def chromium_executable() -> str:

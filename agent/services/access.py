@@ -45,6 +45,7 @@ from agent.domain.errors import (
     Unsupported,
 )
 from agent.domain.mail import (
+    CANONICAL_ORDER,
     AttachmentData,
     Capabilities,
     ChangePage,
@@ -199,8 +200,16 @@ class AccessRoute:
         if refusal is not None:
             if action is Action.SEND or not self._reads_after_refusal:
                 raise AccessRefused(self._refused_text(refusal, action))
-            refused_at = [c.channel for c in allowed].index(refusal.channel)
-            allowed = allowed[: refused_at + 1]  # never past the channel that refused
+            # Never past the channel that refused (a route of later channels alone - an
+            # operator's ``--access browser`` - reads through none of them).
+            last = CANONICAL_ORDER.index(refusal.channel)
+            allowed = [c for c in allowed if CANONICAL_ORDER.index(c.channel) <= last]
+            if not allowed:
+                raise AccessRefused(
+                    self._refused_text(
+                        refusal, action, f"reads go no further than {refusal.channel}"
+                    )
+                )
         return self._ordered(allowed)
 
     def _ordered(self, allowed: Sequence[Candidate]) -> list[Candidate]:
@@ -247,9 +256,9 @@ class AccessRoute:
                 channel, f"channel {channel} refused to {action}: {exc} (not routed around)"
             )
 
-    def _refused_text(self, refusal: Refusal, action: Action) -> str:
+    def _refused_text(self, refusal: Refusal, action: Action, why: str = "") -> str:
         what = "sending" if action is Action.SEND else "reading"
-        why = (
+        why = why or (
             "no channel may be used to go around it"
             if action is Action.SEND
             else "the workspace context does not authorize reads after a refusal "

@@ -137,9 +137,7 @@ async def request_approval(
         draft_digest=digest,
         # The id the request went out with: the approver's reply answers that one (a channel
         # that cannot set ours, a web app, sends it under the provider's).
-        internet_message_id=(
-            outcome.result.internet_message_id if outcome.result else intent.internet_message_id
-        ),
+        internet_message_id=outcome.message_id,
         provider_thread_id=outcome.result.provider_thread_id if outcome.result else "",
         approvers=to,
         sent_at=outcome.record.sent_at or now,

@@ -79,6 +79,19 @@ class SendOutcome:
     status: SendStatus
     record: SendRecord
     result: SendResult | None = None
+    copy: StoredCopy | None = None
+    """The stored copy a lost outcome was settled from (``RECOVERED``)."""
+
+    @property
+    def message_id(self) -> str:
+        """The Message-ID the send went out with: ours, or the provider's where the channel
+        could not set ours (a web app's send), from its answer or the copy it was settled
+        from."""
+        if self.result is not None:
+            return self.result.internet_message_id
+        if self.copy is not None and self.copy.internet_message_id:
+            return self.copy.internet_message_id
+        return self.record.internet_message_id
 
     @property
     def went_out(self) -> bool:
@@ -292,7 +305,7 @@ def _recovered(
     done = store.complete_send(
         record.key, copy.provider_message_id, f"settled from {source}", clock.now()
     )
-    return SendOutcome(SendStatus.RECOVERED, done)
+    return SendOutcome(SendStatus.RECOVERED, done, copy=copy)
 
 
 def _searchable_by(record: SendRecord, provider: MailProvider) -> datetime:
@@ -428,9 +441,7 @@ def sent_ref(outcome: SendOutcome, direction: str, sender: str, at: datetime) ->
     """The sent message as the task records it (indexed for exact linkage of replies), by
     the Message-ID it went out with: ours, or the provider's where the channel could not
     set ours (a web app's send)."""
-    mid = (
-        outcome.result.internet_message_id if outcome.result else outcome.record.internet_message_id
-    )
+    mid = outcome.message_id
     return MessageRef(
         provider_message_id=outcome.record.provider_message_id or mid,
         internet_message_id=mid,

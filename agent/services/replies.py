@@ -29,7 +29,7 @@ from agent.domain.mail import (
 from agent.domain.recipients import Communication
 from agent.domain.records import SendIntent, SendRecord, SendState, TaskAmendment
 from agent.domain.states import TaskState
-from agent.domain.task import CommunicationState, NextAction, Task
+from agent.domain.task import CommunicationState, MessageRef, NextAction, Task
 from agent.ports import Clock, Drafts, MailProvider, SendLedger, Tasks
 from agent.rendering.render import RenderedMessage
 from agent.rendering.verify import Check, ReadBackReport, verify_read_back
@@ -300,12 +300,11 @@ async def read_back(
         )
         return ReadBack(send=record, report=report, stored_provider_message_id=None)
     report = verify_read_back(rendered, sent, copy, _sent_as(record, sent, copy))
-    evidence = f"read back {record.internet_message_id}: " + (
+    evidence = f"read back {copy.internet_message_id or record.internet_message_id}: " + (
         "all checks passed" if report.ok else "failed " + ", ".join(c.name for c in report.failed)
     )
-    store.amend_task(
-        task.task_id, _read_back_amendment(task, record, report, evidence), clock.now()
-    )
+    amendment = _read_back_amendment(task, record, report, evidence, copy)
+    store.amend_task(task.task_id, amendment, clock.now())
     return ReadBack(send=record, report=report, stored_provider_message_id=copy.provider_message_id)
 
 
@@ -327,15 +326,27 @@ def _sent_as(record: SendRecord, sent: OutgoingMessage, copy: StoredCopy) -> Sen
 
 
 def _read_back_amendment(
-    task: Task, record: SendRecord, report: ReadBackReport, evidence: str
+    task: Task, record: SendRecord, report: ReadBackReport, evidence: str, copy: StoredCopy
 ) -> TaskAmendment:
     """What a read-back records: a client reply whose stored copy passed every check (its
-    delivery included) is sent; anything else is evidence only."""
+    delivery included) is sent; anything else is evidence only. A copy that went out
+    under another Message-ID than ours (a web app's send whose copy did not show at once)
+    has that id linked to the task either way: answers to it name that one."""
     if record.partial:
         evidence += "; partial delivery: " + ", ".join(
             f"{a} refused ({w})" for a, w in record.refused
         )
+    sent_as = copy.internet_message_id or record.internet_message_id
     amendment = TaskAmendment(event=f"read back {record.key}", readback_evidence=evidence)
+    if sent_as != record.internet_message_id:
+        linked = MessageRef(
+            provider_message_id=copy.provider_message_id,
+            internet_message_id=sent_as,
+            direction=record.kind,
+            received_at=record.sent_at or record.created_at,
+            sender=task.mailbox_id,
+        )
+        amendment = amendment.model_copy(update={"sent_message": linked})
     # A partial delivery is never a plain success: the task stays open for a person.
     proven = report.ok and not record.partial and SendKind(record.kind) is SendKind.CLIENT_REPLY
     if not proven or task.state is not TaskState.APPROVED_TO_SEND:
@@ -347,7 +358,7 @@ def _read_back_amendment(
             "remove_gate_kinds": (GateKind.INTERNAL_APPROVAL,),
             "communication_state": CommunicationState.CLIENT_REPLY_SENT,
             # From the ledger: the send's own record, even if its task update was lost.
-            "sent_message_id": record.internet_message_id,
+            "sent_message_id": sent_as,
             "recipients": record.recipients,
             "next_action": NextAction(
                 description=f"wait for the client's answer to send {record.key} (its stored "

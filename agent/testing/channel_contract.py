@@ -50,7 +50,7 @@ from agent.domain.mail import (
     OutgoingMessage,
     SendResult,
 )
-from agent.domain.records import SendIntent, SendState
+from agent.domain.records import SendIntent, SendRecord, SendState
 from agent.domain.task import Task
 from agent.ports import EmbeddedStore
 from agent.providers import mime
@@ -244,6 +244,16 @@ class ChannelLifecycleContract(MailboxHooks):
         finally:
             await provider.aclose()
 
+    async def sent_as(self, record: SendRecord) -> str | None:
+        """The Message-ID of the send's stored copy, read through the first channel."""
+        provider = self.build(channel=self.first)
+        try:
+            copy = await provider.find_sent(outbound.marker_of(record))
+        finally:
+            await provider.aclose()
+        assert copy is not None
+        return copy.internet_message_id
+
     def copies(self, task: Task, key: str = "reply|1") -> int:
         return self.sent_copies(outbound.message_id_for(key, task.mailbox_id))
 
@@ -355,6 +365,8 @@ class ChannelLifecycleContract(MailboxHooks):
         recovered = await self.send(self.first, task)
         assert recovered.status is outbound.SendStatus.RECOVERED
         assert recovered.record.state is SendState.CONFIRMED
+        # The id answers will name: the one the copy went out with (a web app's own).
+        assert recovered.message_id == await self.sent_as(recovered.record)
         assert (await self.send(self.first, task)).status is outbound.SendStatus.ALREADY_SENT
         assert self.copies(task) == 1
 

@@ -309,3 +309,40 @@ async def test_a_send_graph_lost_is_settled_from_its_copy_through_outlook_on_the
     ]  # fmt: skip
     assert len(copies) == 1  # Graph's copy; the browser sent nothing
     assert MCP_ENDPOINT  # the provider MCP server is not part of this mailbox's order
+
+
+async def test_a_reply_whose_copy_showed_late_is_linked_under_the_message_id_exchange_gave_it(
+    tmp_path: Path, codes_clock: WebClock
+) -> None:
+    """Outlook on the web gives a message its own Message-ID, read from the sent copy; a
+    copy that does not show at once leaves the send recorded under ours, and the read-back
+    links the copy's, so the client's answer to it joins the task."""
+    del codes_clock
+    station, _ = _station(tmp_path, "[browser]")
+    station.deliver(sender=CLIENT, subject="Quote request")
+    async with station.client() as client:
+        scanned, [claim] = await intake_and_claim(client, station.mailbox)
+        task_id = claim["task_id"]
+        await to_draft_ready(client, task_id)
+        draft = await call(client, "render", task_id=task_id, body_markdown="We are on it.")
+        request = await request_approval(station, client, task_id, draft["draft_id"])
+        for reconciliation in await reconcile_all(client, scanned):
+            assert reconciliation["clean"], reconciliation
+        await approve_by_reply(station, client, [request])
+
+        station.admin.faults(delay_sent_copy_seconds=3600)
+        sent = await _send_through_browser(station, client, task_id, draft["draft_id"])
+        station.admin.faults(release_delayed=True)
+        read_back = await call(client, "read_back", send_id=sent["send_id"])
+        assert read_back["ok"] is True, read_back
+        [copy] = [m for m in station.stored("sent") if parsed(m)["To"] == CLIENT]
+        given = str(parsed(copy)["Message-ID"])
+        assert given != sent["internet_message_id"]  # the send could not name it at once
+        task = await call(client, "get_task", task_id=task_id)
+        assert task["sent_message_id"] == given
+
+        station.deliver(sender=CLIENT, subject="Another matter", in_reply_to=given)
+        answered, [joined] = await intake_and_claim(client, station.mailbox)
+        assert joined["task_id"] == task_id and joined["task_created"] is False
+        for reconciliation in await reconcile_all(client, answered):
+            assert reconciliation["clean"], reconciliation

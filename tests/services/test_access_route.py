@@ -201,6 +201,42 @@ async def test_reads_after_a_refusal_stop_unless_the_context_authorizes_them() -
     assert world2.mcp.sent == []
 
 
+async def test_a_route_of_a_later_channel_alone_honours_the_mailbox_s_refusal() -> None:
+    """An operator's ``run --access browser`` is a route of the browser alone: a refusal
+    the API met stops its sends, and even authorized reads, which never go past the
+    refusing channel in the canonical order."""
+    world = World()
+    refusals: dict[str, Any] = {}
+    refusing = Failing(world.api, AccessRefused("Graph answered 403"), "prepare")
+    full = AccessRoute(
+        "microsoft", MAILBOX, [Candidate(Channel.API, refusing.channel)],
+        clock=world.clock, reads_after_refusal=True, refusals=refusals, key="binding-1",
+    )  # fmt: skip
+    with pytest.raises(AccessRefused):
+        await full.prepare(_reply(world))
+    opened: list[str] = []
+
+    def later() -> MailProvider:
+        opened.append("mcp")
+        return world.mcp
+
+    alone = AccessRoute(
+        "microsoft", MAILBOX, [Candidate(Channel.PROVIDER_MCP, later)],
+        clock=world.clock, reads_after_refusal=True, refusals=refusals, key="binding-1",
+    )  # fmt: skip
+    with pytest.raises(AccessRefused, match="reads go no further than api"):
+        await alone.changes(None)
+    with pytest.raises(AccessRefused, match="go around it"):
+        await alone.prepare(_reply(world, "<ours-2@fabrikam.test>"))
+    assert opened == [] and world.mcp.sent == []
+    other = AccessRoute(
+        "microsoft", MAILBOX, [Candidate(Channel.PROVIDER_MCP, later)],
+        clock=world.clock, reads_after_refusal=True, refusals=refusals, key="binding-2",
+    )  # fmt: skip
+    page = await other.changes(None)  # another binding is asked afresh
+    assert len(page.items) == 3
+
+
 async def test_a_send_goes_through_the_channel_that_prepared_it_or_not_at_all() -> None:
     world = World()
     route = world.route(lambda: world.api)
