@@ -18,9 +18,11 @@ The parent (``Race``) starts ``WORKERS`` workers, arms up to ``CRASH_ARMS`` inca
 kill themselves at one of the crash ``POINTS`` around the handover, kills up to
 ``KILLS_FROM_OUTSIDE`` from outside by SIGKILL (a random worker, after a random number of its
 calls: at once, or at a random moment within the run's ``kill_within``) and replaces each
-killed worker by a fresh one, until every worker is done. Every wait on a worker is bounded
-(``BOUND``), the whole race too (the run's ``race_bound``); it stops at ``MAX_ERRORS`` errors,
-and a failed race leaves no worker behind. Nothing sleeps.
+killed worker by a fresh one, until every worker is done (a run may ask for other numbers
+of workers, kills and armed incarnations: a browser run's workers take turns at one browser
+session). Every wait on a worker is bounded (``BOUND``), the whole race too (the run's
+``race_bound``); it stops at ``MAX_ERRORS`` errors, and a failed race leaves no worker behind.
+Nothing sleeps.
 """
 
 from __future__ import annotations
@@ -233,6 +235,11 @@ class Race(Generic[PlanT]):
     race_bound: float  # seconds the whole run may take
     kill_within: float | None = None  # None: a victim is killed right after its call
     on_message: Callable[[Message], None] = _ignore  # the run's own reading of each message
+    workers: int = WORKERS  # workers running at once
+    kills_from_outside: int = KILLS_FROM_OUTSIDE
+    crash_arms: int = CRASH_ARMS
+    kill_after: int = 40  # the most calls a victim makes (from its start) before it is killed
+    crash_skips: int = 20  # the most hits of its crash point an armed incarnation lets pass
     rng: random.Random = field(init=False)
     context: ForkServerContext = field(init=False)
     slots: dict[int, Slot] = field(default_factory=lambda: {})
@@ -261,9 +268,9 @@ class Race(Generic[PlanT]):
     def start(self, number: int) -> None:
         self.incarnations += 1
         crash = None
-        if self.armed < CRASH_ARMS and self.rng.random() < 0.75:
+        if self.armed < self.crash_arms and self.rng.random() < 0.75:
             self.armed += 1
-            crash = f"{self.rng.choice(POINTS)}:{self.rng.randint(0, 20)}"
+            crash = f"{self.rng.choice(POINTS)}:{self.rng.randint(0, self.crash_skips)}"
         mine, theirs = self.context.Pipe(duplex=False)
         seed = f"{self.plan.seed}:{self.incarnations}"
         args = (self.work, self.plan, crash, seed, theirs)
@@ -282,7 +289,7 @@ class Race(Generic[PlanT]):
                 slot.process.join(BOUND)
 
     def _run(self) -> None:
-        for number in range(WORKERS):
+        for number in range(self.workers):
             self.start(number)
         self.pick_victim()
         deadline = time.monotonic() + self.race_bound
@@ -312,7 +319,7 @@ class Race(Generic[PlanT]):
                     number == self.victim
                     and self.kill_at is None
                     and slot.calls >= self.at
-                    and self.kills_sent < KILLS_FROM_OUTSIDE
+                    and self.kills_sent < self.kills_from_outside
                     and not slot.killed_by_us
                 ):
                     self.doom()
@@ -340,7 +347,7 @@ class Race(Generic[PlanT]):
         from its start): one of those still running."""
         running = sorted(n for n, slot in self.slots.items() if not slot.killed_by_us)
         self.victim = self.rng.choice(running) if running else -1
-        self.at = self.rng.randint(1, 40)
+        self.at = self.rng.randint(1, self.kill_after)
 
     def note(self, message: Message) -> None:
         if message[0] == "call":
