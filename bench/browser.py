@@ -583,9 +583,11 @@ def _result(
 _INCLUDES = {
     "adapter": "OutlookWeb.prepare (the parent found: the inbox's rows, its conversation, its "
     "unread items' message source) + send (the parent item opened, Reply, the chips replaced "
-    "and read back, subject, insertHTML, Send and its _api/send answer) + find_sent (Sent "
-    "Items' rows, the conversation, its sent items' message source until ours, parsed); a "
-    "warm browser signed in once, one channel instance for every round",
+    "and read back, subject, insertHTML, Send and its _api/send answer, then the sent item's "
+    "message source for the Message-ID Exchange gave it) + find_sent (Sent Items' rows, the "
+    "conversation, its sent items' message source until ours - each sent item's read once "
+    "per channel instance - parsed); a warm browser signed in once, one channel instance "
+    "for every round",
     "baseline": "the same page actions scripted directly with Playwright and the same "
     "locators, on the parent item looked up before the clock: the parent opened, Reply, the "
     "chips replaced, subject, insertHTML, Send and its _api/send answer; Sent Items opened, "

@@ -85,6 +85,8 @@ LARGEST = 25 * 1024 * 1024
 SENT_SCAN = 50
 """The most conversations of Sent Items a search for a copy reads (past them, a copy not
 found is not proven absent)."""
+SENT_SOURCES = 256
+"""Sent items' sources a channel instance keeps (a sent item never changes)."""
 DIGEST = 12
 REPLY_MARK = re.compile(r'<div id="appendonsend"></div>.*', re.S | re.I)
 QUOTE_RULE = "\n" + "_" * 32
@@ -166,6 +168,8 @@ class OutlookWeb:
         every other page load and when the operation ends."""
         self._by_message_id: dict[str, _Item] = {}
         self._read_items: set[str] = set()
+        self._sent_sources: dict[str, bytes] = {}
+        """Sources of sent items read (a sent item never changes), newest last."""
         self.capabilities_ = Capabilities(
             channel=Channel.BROWSER,
             native_threads=False,
@@ -455,6 +459,15 @@ class OutlookWeb:
         await shown.page.keyboard.press("Escape")
         return text.replace("\r\n", "\n").replace("\n", "\r\n").encode("utf-8", "surrogateescape")
 
+    async def _sent_source(self, rest_id: str) -> bytes:
+        """A sent item's source, read once per channel instance (the newest
+        ``SENT_SOURCES`` kept)."""
+        raw = self._sent_sources.pop(rest_id, None) or await self._source(rest_id)
+        self._sent_sources[rest_id] = raw
+        while len(self._sent_sources) > SENT_SOURCES:
+            del self._sent_sources[next(iter(self._sent_sources))]
+        return raw
+
     async def _fetch_body(self, body_ref: str) -> MessageBody:
         return rfc822.body(await self._source(body_ref))
 
@@ -619,7 +632,7 @@ class OutlookWeb:
         read from its source; None while the copy does not show yet (the message went out:
         nothing here may fail the send)."""
         try:
-            raw = await self._source(rest_id)
+            raw = await self._sent_source(rest_id)
         except (NotFound, PlaywrightError):
             return None
         ids = rfc822.header_ids(rfc822.parse(raw), "Message-ID")
@@ -694,7 +707,7 @@ class OutlookWeb:
         conversation, _, wanted = marker.value.removeprefix(MARKER_PREFIX).rpartition(":")
         items, complete = await self._sent_items(conversation)
         for item in items:
-            copy = _ours(_stored_copy(await self._source(item.rest_id), item.rest_id))
+            copy = _ours(_stored_copy(await self._sent_source(item.rest_id), item.rest_id))
             if _carries(copy.html or "", wanted):
                 return copy
         return self._absent(complete)
@@ -704,7 +717,7 @@ class OutlookWeb:
         while its copy is among the newest conversations of Sent Items)."""
         items, complete = await self._sent_items("")
         for item in items:
-            raw = await self._source(item.rest_id)
+            raw = await self._sent_source(item.rest_id)
             if rfc822.header_ids(rfc822.parse(raw), "Message-ID")[:1] == (message_id,):
                 return _ours(_stored_copy(raw, item.rest_id))
         return self._absent(complete)
