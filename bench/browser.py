@@ -70,8 +70,6 @@ TARGET_RATIO = 1.5
 WARMUP = 1
 APP = "/web/outlook/mail/"
 COLLEAGUE = "noa.bar@fabrikam.test"
-CLOCK = 1_800_000_001.0
-"""The mock's TOTP clock: one second into a step."""
 DRAFT = """Hello Dana,
 
 The delivery of order {n} is booked for **30/11/2026 at 10:30**. The invoice \
@@ -95,6 +93,14 @@ class MockAdmin(Protocol):
     def deliver(self, to: str, raw: bytes) -> dict[str, Any]: ...
     def stored(self, address: str, folder: str | None = None) -> list[dict[str, Any]]: ...
     def faults(self, **switches: Any) -> dict[str, Any]: ...
+    def web_clock(self) -> WebClock: ...
+
+
+class WebClock(Protocol):
+    """``fixtures.admin.WebClock``: the mock's TOTP clock, moved instead of waited for."""
+
+    def __call__(self) -> float: ...
+    async def sleep(self, seconds: float) -> None: ...
 
 
 class MockServer(Protocol):
@@ -175,25 +181,6 @@ MockServerFactory = Callable[[Path], MockServer]
 
 
 # -- the mailbox --------------------------------------------------------------------------
-
-
-@dataclass
-class WebClock:
-    """The mock's TOTP clock (``web_clock``), shared with the worker's codes: a wait for
-    the next step moves both instead of waiting."""
-
-    admin: MockAdmin
-    now: float = CLOCK
-
-    def __post_init__(self) -> None:
-        self.admin.faults(web_clock=self.now)
-
-    def __call__(self) -> float:
-        return self.now
-
-    async def sleep(self, seconds: float) -> None:
-        self.now += seconds
-        self.admin.faults(web_clock=self.now)
 
 
 @dataclass(frozen=True)
@@ -476,7 +463,7 @@ async def _measure(
     admin: MockAdmin, outlook_for: OutlookFactory, scratch: Path, rounds: int,
     progress: Callable[[str], None],
 ) -> dict[str, Any]:  # fmt: skip
-    clock = WebClock(admin)
+    clock = admin.web_clock()
     password = Secret("pw-" + secrets.token_urlsafe(12))
     totp = Secret(base64.b32encode(secrets.token_bytes(20)).decode())
     admin.account(MAILBOX, "microsoft", password=password.reveal(), totp_secret=totp.reveal())

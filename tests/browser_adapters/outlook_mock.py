@@ -4,8 +4,6 @@ web in headless Chromium: what the Outlook Web adapter's tests share."""
 from __future__ import annotations
 
 import base64
-import hashlib
-import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -15,34 +13,15 @@ from agent.domain.secrets import Secret
 from agent.providers import mime
 from browser_adapters.outlook import OutlookWeb
 from browser_adapters.session import Browsers, BrowserSettings, MailboxBrowser
-from fixtures.admin import MockAdmin
+from fixtures.admin import MockAdmin, WebClock
 from managed_login.flow import WorkerSignIn
 from managed_login.totp import Codes
 from tests.browser import chromium_executable
 
 SECRET = "JBSWY3DPEHPK3PXPJBSWY3DPEHPK3PXP"
-CLOCK = 1_800_000_001.0
+CLOCK = WebClock.now
 """The web clock of these tests: one second into a TOTP step (29 s of it left)."""
 APP = "/web/outlook/mail/"
-
-
-@dataclass
-class WebClock:
-    """The TOTP clock, shared by the mock (``web_clock``) and the worker's codes; a wait
-    for the next step moves both instead of waiting."""
-
-    admin: MockAdmin
-    now: float = CLOCK
-
-    def __post_init__(self) -> None:
-        self.admin.faults(web_clock=self.now)
-
-    def __call__(self) -> float:
-        return self.now
-
-    async def sleep(self, seconds: float) -> None:
-        self.now += seconds
-        self.admin.faults(web_clock=self.now)
 
 
 @dataclass
@@ -98,13 +77,7 @@ class OutlookAccount:
         return self.admin.stored(self.address, folder)
 
     def snapshot(self) -> dict[str, str]:
-        """Each message (its folder, labels, categories, read flag and bytes) as a digest."""
-        return {
-            f"{m['folder']}/{m['id']}": hashlib.sha256(
-                json.dumps([m["labels"], m["categories"], m["is_read"], m["raw_base64"]]).encode()
-            ).hexdigest()
-            for m in self.stored()
-        }
+        return self.admin.snapshot(self.address)
 
     def sent_copies(self, message_id: str) -> int:
         """Sent copies of the send of ``message_id`` through any channel of the mailbox:

@@ -12,7 +12,6 @@ session's server with an account of its own."""
 from __future__ import annotations
 
 import base64
-import hashlib
 import json
 import uuid
 from collections.abc import AsyncIterator, Iterator, Mapping
@@ -141,13 +140,7 @@ class GraphAccount:
         return self.admin.stored(self.address, folder)
 
     def snapshot(self) -> dict[str, str]:
-        """Each message (its folder, labels, categories, read flag and bytes) as a digest."""
-        return {
-            f"{m['folder']}/{m['id']}": hashlib.sha256(
-                json.dumps([m["labels"], m["categories"], m["is_read"], m["raw_base64"]]).encode()
-            ).hexdigest()
-            for m in self.stored()
-        }
+        return self.admin.snapshot(self.address)
 
     def sent_copies(self, message_id: str) -> int:
         """Sends of ours that Graph took: the drafts prepared for ``message_id`` that are
