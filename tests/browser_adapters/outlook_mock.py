@@ -4,14 +4,20 @@ web in headless Chromium: what the Outlook Web adapter's tests share."""
 from __future__ import annotations
 
 import base64
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import pytest
+
+from agent.domain.mail import Handover, OutgoingMessage
 from agent.domain.secrets import Secret
 from agent.providers import mime
+from agent.testing.providers import envelopes, raw_message, read_all, reply
+from browser_adapters import outlook
 from browser_adapters.outlook import OutlookWeb
+from browser_adapters.outlook_pages import Composer
 from browser_adapters.session import Browsers, BrowserSettings, MailboxBrowser
 from fixtures.admin import MockAdmin, WebClock
 from managed_login.flow import WorkerSignIn
@@ -91,3 +97,31 @@ class OutlookAccount:
             filed += token in raw or header in raw.lower()
         pending = self.admin.call("GET", "/_admin/faults")["delayed"]
         return filed + sum(1 for p in pending if p["account"] == self.address)
+
+
+Insert = Callable[[Composer, str], Awaitable[None]]
+"""How the adapter puts the rendered HTML into Outlook's editor."""
+
+
+def on_insert(
+    monkeypatch: pytest.MonkeyPatch, then: Callable[[Insert, Composer, str], Awaitable[None]]
+) -> None:
+    """The adapter's HTML insertion replaced by ``then``, handed the real one: the moment a
+    test makes something happen in the middle of writing a reply."""
+    inserted: Insert = outlook._insert_html  # pyright: ignore[reportPrivateUsage]
+
+    async def instead(composer: Composer, markup: str) -> None:
+        await then(inserted, composer, markup)
+
+    monkeypatch.setattr(outlook, "_insert_html", instead)
+
+
+async def prepared_reply(
+    account: OutlookAccount, channel: OutlookWeb, **update: object
+) -> tuple[OutgoingMessage, Handover]:
+    """The client's first message delivered and read through ``channel``, and our reply to
+    it (with ``update``'s fields) prepared."""
+    account.deliver(raw_message(1))
+    [parent] = envelopes((await read_all(channel))[0])
+    message = reply(parent, channel.capabilities).model_copy(update=update)
+    return message, await channel.prepare(message)

@@ -5,8 +5,6 @@ not read is not proven absent."""
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
-
 import pytest
 from playwright.async_api import Route
 
@@ -15,7 +13,7 @@ from agent.domain.mail import Marker, MarkerKind
 from agent.testing.providers import envelopes, raw_message, read_all, reply
 from browser_adapters import outlook
 from browser_adapters.outlook_pages import Composer
-from tests.browser_adapters.outlook_mock import OutlookAccount
+from tests.browser_adapters.outlook_mock import Insert, OutlookAccount, on_insert, prepared_reply
 
 pytestmark = pytest.mark.anyio
 MAILBOX = "support@fabrikam.test"
@@ -26,18 +24,17 @@ def _answering_send(
 ) -> None:
     """Outlook's answer to Send replaced by ``status`` and ``body``, after the message
     really went (``goes_through``) or without it reaching the app."""
-    inserted: Callable[[Composer, str], Awaitable[None]] = outlook._insert_html  # pyright: ignore[reportPrivateUsage]
 
     async def answer(route: Route) -> None:
         if goes_through:
             await route.fetch()
         await route.fulfill(status=status, body=body, content_type="application/json")
 
-    async def then_answered(composer: Composer, markup: str) -> None:
+    async def then_answered(inserted: Insert, composer: Composer, markup: str) -> None:
         await composer.root.page.route("**/_api/send", answer)
         await inserted(composer, markup)
 
-    monkeypatch.setattr(outlook, "_insert_html", then_answered)
+    on_insert(monkeypatch, then_answered)
 
 
 @pytest.mark.parametrize(
@@ -53,10 +50,7 @@ async def test_an_answer_to_send_that_may_hide_a_sent_message_is_an_unknown_outc
     account: OutlookAccount, monkeypatch: pytest.MonkeyPatch, status: int, body: str
 ) -> None:
     channel = account.build()
-    account.deliver(raw_message(1))
-    [parent] = envelopes((await read_all(channel))[0])
-    message = reply(parent, channel.capabilities)
-    handover = await channel.prepare(message)
+    message, handover = await prepared_reply(account, channel)
     _answering_send(monkeypatch, goes_through=True, status=status, body=body)
     with pytest.raises(OutcomeUnknown):
         await channel.send(handover)
@@ -69,10 +63,7 @@ async def test_a_send_outlook_refuses_sent_nothing_and_may_be_tried_again(
     account: OutlookAccount, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     channel = account.build()
-    account.deliver(raw_message(1))
-    [parent] = envelopes((await read_all(channel))[0])
-    message = reply(parent, channel.capabilities)
-    handover = await channel.prepare(message)
+    message, handover = await prepared_reply(account, channel)
     refusal = '{"error": "Please specify at least one recipient."}'
     _answering_send(monkeypatch, goes_through=False, status=400, body=refusal)
     with pytest.raises(NotHandedOver, match="HTTP 400"):

@@ -5,18 +5,15 @@ draft was saved - and the reply goes out exactly once."""
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
-
 import pytest
 from playwright.async_api import TimeoutError as PlaywrightTimeout
 from playwright.async_api import expect
 
 from agent.domain.errors import NotHandedOver
-from agent.testing.providers import CLIENT, envelopes, raw_message, read_all, reply
-from browser_adapters import outlook
+from agent.testing.providers import CLIENT
 from browser_adapters.outlook_pages import Composer
 from managed_login.flow import Step
-from tests.browser_adapters.outlook_mock import OutlookAccount
+from tests.browser_adapters.outlook_mock import Insert, OutlookAccount, on_insert, prepared_reply
 
 pytestmark = pytest.mark.anyio
 MAILBOX = "support@fabrikam.test"
@@ -27,10 +24,9 @@ def _expiring(
 ) -> None:
     """The session ends once, when the reply's HTML goes into the editor (after the app
     saved the draft, or before it could)."""
-    inserted: Callable[[Composer, str], Awaitable[None]] = outlook._insert_html  # pyright: ignore[reportPrivateUsage]
     ended: list[bool] = []
 
-    async def then_expire(composer: Composer, markup: str) -> None:
+    async def then_expire(inserted: Insert, composer: Composer, markup: str) -> None:
         if not after_save and not ended:
             ended.append(True)
             account.admin.faults(expire_web_sessions=True)
@@ -40,7 +36,7 @@ def _expiring(
             await expect(composer.status).to_contain_text("Draft saved")
             account.admin.faults(expire_web_sessions=True)
 
-    monkeypatch.setattr(outlook, "_insert_html", then_expire)
+    on_insert(monkeypatch, then_expire)
 
 
 @pytest.mark.parametrize("after_save", [True, False], ids=["draft_saved", "nothing_saved"])
@@ -48,10 +44,7 @@ async def test_a_session_ending_mid_reply_signs_in_again_and_sends_the_reply_onc
     account: OutlookAccount, monkeypatch: pytest.MonkeyPatch, after_save: bool
 ) -> None:
     channel = account.build()
-    account.deliver(raw_message(1))
-    [parent] = envelopes((await read_all(channel))[0])
-    message = reply(parent, channel.capabilities)
-    handover = await channel.prepare(message)
+    message, handover = await prepared_reply(account, channel)
     _expiring(monkeypatch, account, after_save=after_save)
     result = await channel.send(handover)
     assert channel.last_login is not None and Step.PASSWORD in channel.last_login.steps
@@ -69,16 +62,12 @@ async def test_a_half_written_draft_is_discarded_and_the_reply_written_again_aft
     """The session ends after the app saved a draft holding half the reply: the draft is
     not what was planned, so it is discarded and the whole reply written and sent once."""
     channel = account.build()
-    account.deliver(raw_message(1))
-    [parent] = envelopes((await read_all(channel))[0])
-    message = reply(parent, channel.capabilities).model_copy(
-        update={"text": "We are on it.\nThe second line."}
+    message, handover = await prepared_reply(
+        account, channel, text="We are on it.\nThe second line."
     )
-    handover = await channel.prepare(message)
-    inserted: Callable[[Composer, str], Awaitable[None]] = outlook._insert_html  # pyright: ignore[reportPrivateUsage]
     calls: list[str] = []
 
-    async def half_then_whole(composer: Composer, markup: str) -> None:
+    async def half_then_whole(inserted: Insert, composer: Composer, markup: str) -> None:
         calls.append(markup)
         if len(calls) > 1:
             await inserted(composer, markup)
@@ -87,7 +76,7 @@ async def test_a_half_written_draft_is_discarded_and_the_reply_written_again_aft
         await expect(composer.status).to_contain_text("Draft saved")
         account.admin.faults(expire_web_sessions=True)
 
-    monkeypatch.setattr(outlook, "_insert_html", half_then_whole)
+    on_insert(monkeypatch, half_then_whole)
     await channel.send(handover)
     assert len(calls) == 2  # written again in full
     assert handover.marker is not None
@@ -104,14 +93,10 @@ async def test_a_page_that_stops_answering_before_send_sends_nothing_and_leaves_
     the send may be tried again). The draft the app saved on the way is discarded when the
     next attempt reopens drafts, so no second copy of the reply waits to be sent by hand."""
     channel = account.build()
-    account.deliver(raw_message(1))
-    [parent] = envelopes((await read_all(channel))[0])
-    message = reply(parent, channel.capabilities)
-    handover = await channel.prepare(message)
-    inserted: Callable[[Composer, str], Awaitable[None]] = outlook._insert_html  # pyright: ignore[reportPrivateUsage]
+    message, handover = await prepared_reply(account, channel)
     calls: list[str] = []
 
-    async def stuck_then_expiring(composer: Composer, markup: str) -> None:
+    async def stuck_then_expiring(inserted: Insert, composer: Composer, markup: str) -> None:
         calls.append(markup)
         await inserted(composer, markup)
         await expect(composer.status).to_contain_text("Draft saved")
@@ -120,7 +105,7 @@ async def test_a_page_that_stops_answering_before_send_sends_nothing_and_leaves_
         if len(calls) == 2:
             account.admin.faults(expire_web_sessions=True)
 
-    monkeypatch.setattr(outlook, "_insert_html", stuck_then_expiring)
+    on_insert(monkeypatch, stuck_then_expiring)
     with pytest.raises(NotHandedOver, match="Send was not pressed"):
         await channel.send(handover)
     assert account.sent_copies(message.internet_message_id) == 0

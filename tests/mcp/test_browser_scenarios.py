@@ -113,6 +113,20 @@ def _station(
     return station, account
 
 
+async def _approved_reply(station: BrowserStation, client: Any) -> tuple[str, dict[str, Any]]:
+    """The client's request taken in and claimed, our reply rendered, and the approver's
+    reply approving it taken in: the task and its draft."""
+    scanned, [claim] = await intake_and_claim(client, station.mailbox)
+    task_id = claim["task_id"]
+    await to_draft_ready(client, task_id)
+    draft = await call(client, "render", task_id=task_id, body_markdown="We are on it.")
+    request = await request_approval(station, client, task_id, draft["draft_id"])
+    for reconciliation in await reconcile_all(client, scanned):
+        assert reconciliation["clean"], reconciliation
+    await approve_by_reply(station, client, [request])
+    return task_id, draft
+
+
 async def _send_through_browser(
     station: BrowserStation, client: Any, task_id: str, draft_id: str
 ) -> dict[str, Any]:
@@ -270,14 +284,7 @@ async def test_a_send_graph_lost_is_settled_from_its_copy_through_outlook_on_the
     station.connect_without_check(account)
     station.deliver(sender=CLIENT, subject="Quote request")
     async with station.client() as client:
-        scanned, [claim] = await intake_and_claim(client, station.mailbox)
-        task_id = claim["task_id"]
-        await to_draft_ready(client, task_id)
-        draft = await call(client, "render", task_id=task_id, body_markdown="We are on it.")
-        request = await request_approval(station, client, task_id, draft["draft_id"])
-        for reconciliation in await reconcile_all(client, scanned):
-            assert reconciliation["clean"], reconciliation
-        await approve_by_reply(station, client, [request])
+        task_id, draft = await _approved_reply(station, client)
 
         station.admin.faults(drop_send_ack=1)  # Graph takes the send and the answer is lost
         lost = await refused(
@@ -321,14 +328,7 @@ async def test_a_reply_whose_copy_showed_late_is_linked_under_the_message_id_exc
     station, _ = _station(tmp_path, "[browser]")
     station.deliver(sender=CLIENT, subject="Quote request")
     async with station.client() as client:
-        scanned, [claim] = await intake_and_claim(client, station.mailbox)
-        task_id = claim["task_id"]
-        await to_draft_ready(client, task_id)
-        draft = await call(client, "render", task_id=task_id, body_markdown="We are on it.")
-        request = await request_approval(station, client, task_id, draft["draft_id"])
-        for reconciliation in await reconcile_all(client, scanned):
-            assert reconciliation["clean"], reconciliation
-        await approve_by_reply(station, client, [request])
+        task_id, draft = await _approved_reply(station, client)
 
         station.admin.faults(delay_sent_copy_seconds=3600)
         sent = await _send_through_browser(station, client, task_id, draft["draft_id"])
