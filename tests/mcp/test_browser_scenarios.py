@@ -117,6 +117,7 @@ async def _approved_reply(station: BrowserStation, client: Any) -> tuple[str, di
     """The client's request taken in and claimed, our reply rendered, and the approver's
     reply approving it taken in: the task and its draft."""
     scanned, [claim] = await intake_and_claim(client, station.mailbox)
+    assert claim["outcome"] == "CLAIMED" and scanned["access_errors"] == []
     task_id = claim["task_id"]
     await to_draft_ready(client, task_id)
     draft = await call(client, "render", task_id=task_id, body_markdown="We are on it.")
@@ -184,18 +185,9 @@ async def test_scenario_10_a_logged_out_browser_signs_in_re_verifies_and_resumes
     assert station.sessions() == []  # logged out: no session kept yet
     request_id = station.deliver(sender=CLIENT, subject="Quote request")
     async with station.client() as client:
-        scanned, [claim] = await intake_and_claim(client, station.mailbox)
-        assert claim["outcome"] == "CLAIMED"
-        assert scanned["access_errors"] == []
+        task_id, draft = await _approved_reply(station, client)  # signed in to read
         [session] = station.sessions()
         assert session.stat().st_mode & 0o777 == 0o600
-        task_id = claim["task_id"]
-        await to_draft_ready(client, task_id)
-        draft = await call(client, "render", task_id=task_id, body_markdown="We are on it.")
-        request = await request_approval(station, client, task_id, draft["draft_id"])
-        for reconciliation in await reconcile_all(client, scanned):
-            assert reconciliation["clean"], reconciliation
-        await approve_by_reply(station, client, [request])
 
         station.admin.faults(expire_web_sessions=True)  # signed out before the send
         sent = await _send_through_browser(station, client, task_id, draft["draft_id"])
