@@ -43,6 +43,7 @@ from playwright.async_api import Page, Response
 from agent.domain.context import MailboxBinding
 from agent.domain.envelope import thread_alias
 from agent.domain.errors import (
+    AccessRefused,
     AuthChallengeUnresolved,
     CursorExpired,
     NotFound,
@@ -85,9 +86,14 @@ LARGEST = 25 * 1024 * 1024
 SENT_SCAN = 50
 """The most conversations of Sent Items a search for a copy reads (past them, a copy not
 found is not proven absent)."""
-SENT_SOURCES = 256
-"""Sent items' sources a channel instance keeps (a sent item never changes)."""
+SENT_SOURCE_BYTES = 32 * 1024 * 1024
+"""The sent items' sources a channel instance keeps, newest first (a sent item never
+changes): at most this many bytes, however many items."""
 DIGEST = 12
+DISCARD_MS = 2_000
+"""How long a composer that stopped answering is given to discard its draft."""
+REFUSALS = frozenset({400, 413, 415, 422})
+"""Answers to Send that say the message was refused as it was (nothing went out)."""
 REPLY_MARK = re.compile(r'<div id="appendonsend"></div>.*', re.S | re.I)
 QUOTE_RULE = "\n" + "_" * 32
 """The line Outlook's plain text puts above the original it answers."""
@@ -168,6 +174,9 @@ class OutlookWeb:
         every other page load and when the operation ends."""
         self._by_message_id: dict[str, _Item] = {}
         self._read_items: set[str] = set()
+        self._unsent: set[str] = set()
+        """Tokens of sends whose writing stopped before Send: their saved drafts are
+        discarded before they are written again."""
         self._sent_sources: dict[str, bytes] = {}
         """Sources of sent items read (a sent item never changes), newest last."""
         self.capabilities_ = Capabilities(
@@ -385,12 +394,29 @@ class OutlookWeb:
         return ChangePage(items=tuple(found), cursor=state.encode(), more=False)
 
     async def _rows(self, folder: str) -> list[tuple[str, str, str]]:
+        """The folder's conversation rows as the list shows them, newest first (once it shows
+        a row, or says the folder is empty)."""
         shown = await self._open(folder)
-        await shown.message_list.wait_for()
-        return await shown.rows.evaluate_all(
-            "rows => rows.map(r => [r.dataset.convid || '', r.getAttribute('aria-label') || '',"
-            " r.dataset.href || ''])"
-        )
+        await shown.rows.first.or_(shown.empty).wait_for()
+        return await _row_values(shown)
+
+    async def _listed_whole(self, folder: str, count: int) -> bool:
+        """Whether the folder's list holds no more than the ``count`` rows read (fewer than
+        ``SENT_SCAN``): it says the folder is empty, or scrolling to its last row draws no
+        other. A list drawn as it scrolls could hide rows from a plain read."""
+        if count >= SENT_SCAN:
+            return False
+        shown = await self._open(folder)
+        await shown.rows.first.or_(shown.empty).wait_for()
+        if count == 0:
+            return await shown.empty.is_visible()
+        while count < SENT_SCAN:
+            await shown.rows.last.scroll_into_view_if_needed()
+            drawn = await shown.rows.count()
+            if drawn == count:
+                return True
+            count = drawn
+        return False
 
     async def _conversation(self, conversation: str, href: str) -> list[_Item]:
         """The items of a conversation, oldest first, with the folder each is in."""
@@ -460,11 +486,11 @@ class OutlookWeb:
         return text.replace("\r\n", "\n").replace("\n", "\r\n").encode("utf-8", "surrogateescape")
 
     async def _sent_source(self, rest_id: str) -> bytes:
-        """A sent item's source, read once per channel instance (the newest
-        ``SENT_SOURCES`` kept)."""
+        """A sent item's source, read once per channel instance (the newest kept, up to
+        ``SENT_SOURCE_BYTES``)."""
         raw = self._sent_sources.pop(rest_id, None) or await self._source(rest_id)
         self._sent_sources[rest_id] = raw
-        while len(self._sent_sources) > SENT_SOURCES:
+        while sum(map(len, self._sent_sources.values())) > SENT_SOURCE_BYTES:
             del self._sent_sources[next(iter(self._sent_sources))]
         return raw
 
@@ -525,9 +551,9 @@ class OutlookWeb:
         if item.folder == "inbox":
             await self._scanned(item)
             return
-        self._read_items.add(item.rest_id)
         message_id = await self._message_id_of(item.rest_id)
         if message_id is not None:
+            self._read_items.add(item.rest_id)
             self._by_message_id[message_id] = item
 
     async def _send(self, handover: Handover) -> SendResult:
@@ -547,15 +573,24 @@ class OutlookWeb:
 
     async def _written_and_sent(self, handover: Handover) -> dict[str, Any]:
         """The reply written and Send pressed once; a page that stops answering before
-        Send is pressed sent nothing."""
+        Send is pressed sent nothing (what the app saved of it is discarded, now if the
+        page lets it, else before this channel writes the send again)."""
+        token = mime.send_token(handover.message.internet_message_id)
+        composer: Composer | None = None
         try:
+            if token in self._unsent:
+                await self._saved_draft(handover.message, keep=False)
             composer = await self._composer(handover.message)
             await self._write(composer, handover)
         except PlaywrightError as exc:
+            self._unsent.add(token)
+            if composer is not None:
+                await _discard(composer)
             raise NotHandedOver(
                 f"mailbox {self._mailbox_id}: Outlook's composer did not answer "
                 f"({_what(exc)}); Send was not pressed"
             ) from None
+        self._unsent.discard(token)
         try:
             return await self._press_send(composer)
         except _SignedOut:  # refused for want of a session: nothing went out
@@ -603,17 +638,18 @@ class OutlookWeb:
                 "nothing was sent"
             ) from None
 
-    async def _saved_draft(self, message: OutgoingMessage) -> Composer | None:
+    async def _saved_draft(self, message: OutgoingMessage, *, keep: bool = True) -> Composer | None:
         """The app's saved draft of this send (its block carries the send's token) whose
         body and files are as planned, open; every other saved draft of the send (a second
-        one, or one saved half-written) is discarded, so none is left to be sent by hand."""
+        one, or one saved half-written) is discarded, so none is left to be sent by hand
+        (``keep`` False: every one is)."""
         token = mime.send_token(message.internet_message_id)
         kept: str | None = None
         for _, _, href in await self._rows("drafts"):
             composer = await self._open_draft(href)
             if not _carries(await composer.body.inner_html(), token):
                 continue
-            if kept is None and await _as_planned(composer, message):
+            if keep and kept is None and await _as_planned(composer, message):
                 kept = href
                 continue
             async with composer.root.page.expect_navigation():
@@ -633,7 +669,7 @@ class OutlookWeb:
         nothing here may fail the send)."""
         try:
             raw = await self._sent_source(rest_id)
-        except (NotFound, PlaywrightError):
+        except (ProviderError, PlaywrightError):  # a sign-in, a page that stopped answering
             return None
         ids = rfc822.header_ids(rfc822.parse(raw), "Message-ID")
         return ids[0] if ids else None
@@ -686,16 +722,19 @@ class OutlookWeb:
             raise _SignedOut
         if status == 404:  # the draft is gone: sent (perhaps by this very press) or discarded
             raise OutcomeUnknown("Outlook no longer has the draft Send was pressed on")
-        if 400 <= status < 500 and status != 429:
+        if status == 403:
+            raise AccessRefused(f"Outlook refused to send for this account (HTTP {status})")
+        if status in REFUSALS:
             raise NotHandedOver(f"Outlook refused the message (HTTP {status}); nothing was sent")
-        answer = await _json_of(response) if status == 200 else None
+        answer = await _json_of(response) if status == 200 else None  # else unknown
         if not isinstance(answer, dict) or not answer.get("sent"):  # pyright: ignore[reportUnknownMemberType]
             raise OutcomeUnknown(f"Outlook's answer to Send could not be read (HTTP {status})")
         return dict(answer)  # pyright: ignore[reportUnknownArgumentType]
 
     async def _find_sent(self, marker: Marker) -> StoredCopy | None:
-        """Our copy among the conversation's items in Sent Items: the one whose block of
-        what we wrote carries the send's token as its class."""
+        """Our copy in Sent Items: the item whose block of what we wrote carries the send's
+        token as its class - in the conversation the marker names, else (Exchange may have
+        filed it in a conversation of its own) among the newest conversations."""
         if marker.kind is MarkerKind.MESSAGE_ID:
             return await self._sent_with_message_id(marker.value)
         if marker.kind is not MarkerKind.NATIVE:
@@ -705,44 +744,44 @@ class OutlookWeb:
         if not marker.value.startswith(MARKER_PREFIX):
             return None  # a native marker of another channel's: no copy of this one's
         conversation, _, wanted = marker.value.removeprefix(MARKER_PREFIX).rpartition(":")
-        items, complete = await self._sent_items(conversation)
-        for item in items:
-            copy = _ours(_stored_copy(await self._sent_source(item.rest_id), item.rest_id))
-            if _carries(copy.html or "", wanted):
-                return copy
-        return self._absent(complete)
+
+        def ours(raw: bytes, rest_id: str) -> StoredCopy | None:
+            copy = _ours(_stored_copy(raw, rest_id))
+            return copy if _carries(copy.html or "", wanted) else None
+
+        return await self._search_sent(conversation, ours)
 
     async def _sent_with_message_id(self, message_id: str) -> StoredCopy | None:
         """A copy another channel sent with our Message-ID (an uncertain send is settled
         while its copy is among the newest conversations of Sent Items)."""
-        items, complete = await self._sent_items("")
-        for item in items:
-            raw = await self._sent_source(item.rest_id)
-            if rfc822.header_ids(rfc822.parse(raw), "Message-ID")[:1] == (message_id,):
-                return _ours(_stored_copy(raw, item.rest_id))
-        return self._absent(complete)
 
-    async def _sent_items(self, conversation: str) -> tuple[list[_Item], bool]:
-        """The Sent Items a copy may be among, newest first - those of the named
-        conversation, else of the newest ``SENT_SCAN`` conversations - and whether they are
-        all it may be among: the named conversation was listed (its page shows every item),
-        or the list is shorter than Outlook on the web may cut it."""
+        def ours(raw: bytes, rest_id: str) -> StoredCopy | None:
+            if rfc822.header_ids(rfc822.parse(raw), "Message-ID")[:1] != (message_id,):
+                return None
+            return _ours(_stored_copy(raw, rest_id))
+
+        return await self._search_sent("", ours)
+
+    async def _search_sent(
+        self, conversation: str, ours: Callable[[bytes, str], StoredCopy | None]
+    ) -> StoredCopy | None:
+        """The first sent item ``ours`` accepts, newest first: the named conversation's,
+        then the newest ``SENT_SCAN`` conversations'. None only when the search read every
+        conversation the list holds; else the absence is not proven (``TransientFailure``)."""
         rows = await self._rows("sentitems")
-        chosen = [row for row in rows if row[0] == conversation] if conversation else rows
-        complete = len(rows) < SENT_SCAN or (bool(conversation) and bool(chosen))
-        found: list[_Item] = []
-        for row, _, href in chosen[:SENT_SCAN]:
-            items = reversed(await self._conversation(row, href))
-            found += [item for item in items if item.folder == "sentitems"]
-        return found, complete
-
-    def _absent(self, complete: bool) -> None:
-        """No copy found: proven absent only by a search that read everywhere it could be."""
-        if complete:
+        named = [row for row in rows if conversation and row[0] == conversation]
+        others = [row for row in rows if row not in named]
+        for row, _, href in [*named, *others][:SENT_SCAN]:
+            for item in reversed(await self._conversation(row, href)):
+                if item.folder == "sentitems":
+                    copy = ours(await self._sent_source(item.rest_id), item.rest_id)
+                    if copy is not None:
+                        return copy
+        if await self._listed_whole("sentitems", len(rows)):
             return None
         raise TransientFailure(
             f"mailbox {self._mailbox_id}: no copy among the newest {SENT_SCAN} conversations "
-            "of Sent Items, and Outlook on the web lists no further: its absence is not "
+            "of Sent Items, and Outlook on the web lists more (or may): its absence is not "
             "proven; it is settled through another channel or by a person"
         )
 
@@ -836,6 +875,22 @@ async def _json_of(response: Response) -> object:
         return await response.json()
     except (PlaywrightError, ValueError):
         return None
+
+
+async def _discard(composer: Composer) -> None:
+    """Discard what the composer holds, if the page still answers (a short wait)."""
+    try:
+        await composer.discard.click(timeout=DISCARD_MS)
+    except PlaywrightError:
+        return
+
+
+async def _row_values(shown: MailPage) -> list[tuple[str, str, str]]:
+    """Each row's conversation id, accessible name and link."""
+    return await shown.rows.evaluate_all(
+        "rows => rows.map(r => [r.dataset.convid || '', r.getAttribute('aria-label') || '',"
+        " r.dataset.href || ''])"
+    )
 
 
 def _is_send(response: Response) -> bool:

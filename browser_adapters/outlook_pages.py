@@ -18,6 +18,7 @@ class MailPage:
         self.page = page
         self.message_list = page.get_by_role("listbox", name="Message list")
         self.rows = self.message_list.get_by_role("option")
+        self.empty = page.get_by_text("We didn't find anything to show here.", exact=True)
         self.account = page.get_by_role("button", name=re.compile(r"^Account manager for "))
         self.account_card = page.get_by_role("dialog", name="Account manager")
         self.reading = page.get_by_role("main", name="Reading Pane")

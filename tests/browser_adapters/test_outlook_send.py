@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 from playwright.async_api import Route
 
-from agent.domain.errors import NotHandedOver, OutcomeUnknown, TransientFailure
+from agent.domain.errors import AccessRefused, NotHandedOver, OutcomeUnknown, TransientFailure
 from agent.domain.mail import Marker, MarkerKind
 from agent.testing.providers import envelopes, raw_message, read_all, reply
 from browser_adapters import outlook
@@ -59,14 +59,27 @@ async def test_an_answer_to_send_that_may_hide_a_sent_message_is_an_unknown_outc
     assert await channel.find_sent(handover.marker) is not None  # settled from the copy
 
 
-async def test_a_send_outlook_refuses_sent_nothing_and_may_be_tried_again(
-    account: OutlookAccount, monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize(
+    ("status", "error"),
+    [
+        (400, NotHandedOver),
+        (413, NotHandedOver),
+        (403, AccessRefused),
+        (409, OutcomeUnknown),
+        (429, OutcomeUnknown),
+    ],
+    ids=["bad_request", "too_large", "forbidden", "unknown_4xx", "throttled"],
+)
+async def test_an_answer_to_send_is_a_refusal_only_when_it_says_nothing_went_out(
+    account: OutlookAccount, monkeypatch: pytest.MonkeyPatch, status: int, error: type[Exception]
 ) -> None:
+    """Refusals the app gives a message as it is (400, 413) sent nothing and may be tried
+    again; 403 is a refusal of the account (never routed around); any other answer, a
+    throttled one included, leaves the outcome unknown (settled from the copies)."""
     channel = account.build()
     message, handover = await prepared_reply(account, channel)
-    refusal = '{"error": "Please specify at least one recipient."}'
-    _answering_send(monkeypatch, goes_through=False, status=400, body=refusal)
-    with pytest.raises(NotHandedOver, match="HTTP 400"):
+    _answering_send(monkeypatch, goes_through=False, status=status, body='{"error": "No."}')
+    with pytest.raises(error):
         await channel.send(handover)
     assert account.sent_copies(message.internet_message_id) == 0
 
@@ -74,9 +87,11 @@ async def test_a_send_outlook_refuses_sent_nothing_and_may_be_tried_again(
 async def test_a_copy_not_among_the_conversations_searched_is_not_proven_absent(
     account: OutlookAccount, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Sent Items listing as many conversations as a search reads: a copy of a listed
-    conversation is found or proven absent, any other is a transient failure (so an
-    uncertain send is never taken as not sent)."""
+    """A copy is looked for in the conversation its marker names, then in the newest
+    conversations; it is proven absent only when the search read every conversation Sent
+    Items lists (fewer than it reads at most, and none more drawn on scrolling). Otherwise
+    a copy not found is a transient failure, so an uncertain send is never taken as not
+    sent."""
     monkeypatch.setattr(outlook, "SENT_SCAN", 2)
     channel = account.build()
     for n in (1, 2):
@@ -88,15 +103,24 @@ async def test_a_copy_not_among_the_conversations_searched_is_not_proven_absent(
         await channel.send(handover)
         assert handover.marker is not None
         markers.append(handover.marker)
-    listed, _, _ = markers[0].value.removeprefix(outlook.MARKER_PREFIX).rpartition(":")
-    other_send = Marker(kind=MarkerKind.NATIVE, value=f"{outlook.MARKER_PREFIX}{listed}:no-such")
+    named, _, _ = markers[0].value.removeprefix(outlook.MARKER_PREFIX).rpartition(":")
+    _, _, second = markers[1].value.rpartition(":")
+
+    def native(conversation: str, token: str) -> Marker:
+        return Marker(
+            kind=MarkerKind.NATIVE, value=f"{outlook.MARKER_PREFIX}{conversation}:{token}"
+        )
+
     assert await channel.find_sent(markers[0]) is not None
-    assert await channel.find_sent(other_send) is None  # its conversation was read whole
-    with pytest.raises(TransientFailure, match="absence is not proven"):
-        await channel.find_sent(Marker(kind=MarkerKind.NATIVE, value=f"{outlook.MARKER_PREFIX}:x"))
+    moved = await channel.find_sent(native(named, second))  # filed in another conversation
+    assert moved is not None and moved.internet_message_id is not None
+    for absent in (native(named, "no-such"), native("", "no-such")):
+        with pytest.raises(TransientFailure, match="absence is not proven"):
+            await channel.find_sent(absent)
     with pytest.raises(TransientFailure, match="absence is not proven"):
         await channel.find_sent(Marker(kind=MarkerKind.MESSAGE_ID, value="<gone@f.test>"))
-    monkeypatch.setattr(outlook, "SENT_SCAN", 3)
+    monkeypatch.setattr(outlook, "SENT_SCAN", 3)  # now every listed conversation is read
+    assert await channel.find_sent(native(named, "no-such")) is None
     assert (
         await channel.find_sent(Marker(kind=MarkerKind.MESSAGE_ID, value="<gone@f.test>")) is None
     )

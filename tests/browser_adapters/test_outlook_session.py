@@ -11,6 +11,7 @@ from playwright.async_api import expect
 
 from agent.domain.errors import NotHandedOver
 from agent.testing.providers import CLIENT
+from browser_adapters import outlook
 from browser_adapters.outlook_pages import Composer
 from managed_login.flow import Step
 from tests.browser_adapters.outlook_mock import Insert, OutlookAccount, on_insert, prepared_reply
@@ -86,12 +87,24 @@ async def test_a_half_written_draft_is_discarded_and_the_reply_written_again_aft
     assert account.stored("drafts") == []
 
 
+async def _no_discard(composer: Composer) -> None:
+    """A page too far gone to discard its draft."""
+    del composer
+
+
+@pytest.mark.parametrize(
+    ("discards", "next_attempt"),
+    [(True, "same"), (False, "same"), (False, "another_worker")],
+    ids=["discarded_at_once", "discarded_before_writing_again", "discarded_after_a_sign_in"],
+)
 async def test_a_page_that_stops_answering_before_send_sends_nothing_and_leaves_no_draft_behind(
-    account: OutlookAccount, monkeypatch: pytest.MonkeyPatch
+    account: OutlookAccount, monkeypatch: pytest.MonkeyPatch, discards: bool, next_attempt: str
 ) -> None:
     """A composer that stops answering before Send: nothing was sent (NotHandedOver, so
-    the send may be tried again). The draft the app saved on the way is discarded when the
-    next attempt reopens drafts, so no second copy of the reply waits to be sent by hand."""
+    the send may be tried again). The draft the app saved on the way is discarded at once
+    if the page still lets it; else before the channel writes the send again; and a worker
+    that knows nothing of it discards it when a sign-in makes it reopen the send's drafts.
+    No second copy of the reply is left to be sent by hand."""
     channel = account.build()
     message, handover = await prepared_reply(account, channel)
     calls: list[str] = []
@@ -102,15 +115,18 @@ async def test_a_page_that_stops_answering_before_send_sends_nothing_and_leaves_
         await expect(composer.status).to_contain_text("Draft saved")
         if len(calls) == 1:
             raise PlaywrightTimeout("Locator.click: Timeout 10000ms exceeded.")
-        if len(calls) == 2:
+        if next_attempt == "another_worker":
             account.admin.faults(expire_web_sessions=True)
 
     on_insert(monkeypatch, stuck_then_expiring)
+    if not discards:
+        monkeypatch.setattr(outlook, "_discard", _no_discard)
     with pytest.raises(NotHandedOver, match="Send was not pressed"):
         await channel.send(handover)
     assert account.sent_copies(message.internet_message_id) == 0
-    assert len(account.stored("drafts")) == 1
-    await channel.send(handover)  # the session ends at Send: both saved drafts are found
-    assert len(calls) == 2  # the newer draft was reopened, not written a third time
+    assert len(account.stored("drafts")) == (0 if discards else 1)
+    again = channel if next_attempt == "same" else account.build()
+    await again.send(handover)
+    assert len(calls) == 2  # written once more, never a third time
     assert account.sent_copies(message.internet_message_id) == 1
     assert account.stored("drafts") == []
