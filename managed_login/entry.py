@@ -73,6 +73,17 @@ def refuse_recording(environ: Mapping[str, str] | None = None) -> None:
         )
 
 
+ARRIVED_WHOLE = """(el, n) => {
+    const focused = document.activeElement;
+    if (focused === el && el.value.length === n) return true;
+    el.value = '';
+    if (focused && focused !== el && 'value' in focused) focused.value = '';
+    return false;
+}"""
+"""Whether the field holding the focus is the one typed into and holds the whole value;
+else both it and the field typed into are emptied."""
+
+
 async def enter_secret(field: Locator, secret: Secret) -> None:
     """Type ``secret`` into ``field`` (emptied first) through a DevTools session of its
     own; nothing Playwright records is given the value."""
@@ -94,12 +105,10 @@ async def enter_secret(field: Locator, secret: Secret) -> None:
     finally:
         await session.detach()
     units = len(secret.reveal().encode("utf-16-le")) // 2  # a page counts UTF-16 units
-    typed = await field.evaluate("(el, n) => el.value.length === n", units)
-    if not typed:
-        await clear_field(field)
+    if not await field.evaluate(ARRIVED_WHOLE, units):
         raise SignInFailed(
             "the secret did not arrive whole in the sign-in field (the page moved the focus "
-            "while it was typed); the field was emptied",
+            "or cut it short); the field, and any field the focus went to, were emptied",
             "run `outloop login` again",
         )
 

@@ -382,6 +382,8 @@ class Providers:
                     f"mailbox {binding.mailbox_id} does not permit the {channel} channel in "
                     f"workspace {workspace_id}'s context"
                 )
+            if binding.permitted_channels == (channel,):
+                return self(workspace_id, binding)  # as every run reaches it (its cursor)
             return self.route(workspace_id, binding, (channel,))
 
         return build

@@ -202,8 +202,7 @@ class AccessRoute:
                 raise AccessRefused(self._refused_text(refusal, action))
             # Never past the channel that refused (a route of later channels alone - an
             # operator's ``--access browser`` - reads through none of them).
-            last = CANONICAL_ORDER.index(refusal.channel)
-            allowed = [c for c in allowed if CANONICAL_ORDER.index(c.channel) <= last]
+            allowed = [c for c in allowed if not _after(c.channel, refusal.channel)]
             if not allowed:
                 raise AccessRefused(
                     self._refused_text(
@@ -399,6 +398,10 @@ class AccessRoute:
                 statuses.append(ChannelStatus(channel, ChannelState.NOT_TRIED, after))
                 continue
             refusal = self.refusal
+            if refusal is not None and _after(channel, refusal.channel):
+                reason = f"channel {refusal.channel} refused (never routed around)"
+                statuses.append(ChannelStatus(channel, ChannelState.NOT_TRIED, reason))
+                continue
             if refusal is not None and refusal.channel == channel:
                 status = ChannelStatus(channel, ChannelState.REFUSED, refusal.reason)
             else:
@@ -444,3 +447,8 @@ def _own_cursor(cursor: str | None, channel: Channel) -> str | None:
         return None
     tag, sep, own = cursor.partition("|")
     return own if sep and tag == channel.value else None
+
+
+def _after(channel: Channel, other: Channel) -> bool:
+    """Whether ``channel`` comes after ``other`` in the canonical order."""
+    return CANONICAL_ORDER.index(channel) > CANONICAL_ORDER.index(other)

@@ -152,7 +152,7 @@ async def send_once(
     record = store.begin_send(intent, clock.now(), cap)
     finished = _finished(record)
     if finished is not None:
-        return finished
+        return await _as_sent(provider, finished)
     if record.key in _SENDING:
         return SendOutcome(SendStatus.IN_PROGRESS, record)
     _SENDING.add(record.key)  # no await since the check: this task owns the key here
@@ -160,6 +160,22 @@ async def send_once(
         return await _drive(store, provider, intent, handover, record, clock)
     finally:
         _SENDING.discard(record.key)
+
+
+async def _as_sent(provider: MailProvider, outcome: SendOutcome) -> SendOutcome:
+    """A send confirmed earlier, with the copy it went out as where the channel could not
+    give it our Message-ID (its own marker: a web app's send), so callers record the id
+    answers name; as it is when the copy cannot be read now."""
+    marker = outcome.record.marker
+    if outcome.status is not SendStatus.ALREADY_SENT or marker is None:
+        return outcome
+    if marker.kind is not MarkerKind.NATIVE or not provider.capabilities.finds(marker.kind):
+        return outcome
+    try:
+        copy = await provider.find_sent(marker)
+    except ProviderError:
+        return outcome
+    return SendOutcome(outcome.status, outcome.record, copy=copy)
 
 
 def _finished(record: SendRecord) -> SendOutcome | None:

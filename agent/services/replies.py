@@ -27,7 +27,7 @@ from agent.domain.mail import (
     StoredCopy,
 )
 from agent.domain.recipients import Communication
-from agent.domain.records import SendIntent, SendRecord, SendState, TaskAmendment
+from agent.domain.records import SendRecord, SendState, TaskAmendment
 from agent.domain.states import TaskState
 from agent.domain.task import CommunicationState, MessageRef, NextAction, Task
 from agent.ports import Clock, Drafts, MailProvider, SendLedger, Tasks
@@ -144,7 +144,7 @@ async def send_reply(
     if outcome.status is SendStatus.REFUSED:
         raise GateRefused(f"send {key} was refused by the ledger: {outcome.record.detail}")
     now = clock.now()
-    amendment = _handover_amendment(task, key, kind, intent, outcome, (*to_addrs, *cc_addrs), now)
+    amendment = _handover_amendment(task, key, kind, outcome, (*to_addrs, *cc_addrs), now)
     task = store.amend_task(task_id, amendment, now)
     return ReplyOutcome(gate=gate, outcome=outcome, task=task)
 
@@ -199,7 +199,6 @@ def _handover_amendment(
     task: Task,
     key: str,
     kind: SendKind,
-    intent: SendIntent,
     outcome: SendOutcome,
     recipients: tuple[str, ...],
     now: datetime,
@@ -216,7 +215,7 @@ def _handover_amendment(
             update={
                 "expect_states": (TaskState.APPROVED_TO_SEND,),
                 "communication_state": CommunicationState.CLIENT_REPLY_HANDED_OVER,
-                "sent_message_id": intent.internet_message_id,
+                "sent_message_id": outcome.message_id,
                 "recipients": recipients,
                 "next_action": NextAction(
                     description=_after_handover(key, outcome), owner=task.next_action.owner

@@ -69,8 +69,10 @@ async def test_a_secret_is_typed_whole_into_the_field_it_is_for(page: Page) -> N
         "document.getElementById('pass').addEventListener('focus', () =>"
         " document.getElementById('user').focus());",
         "document.getElementById('pass').maxLength = 4;",
+        "document.getElementById('pass').addEventListener('input', () =>"
+        " document.getElementById('user').focus(), {once: true});",
     ],
-    ids=["focus_moved", "field_cut_short"],
+    ids=["focus_moved_first", "field_cut_short", "focus_moved_after"],
 )
 async def test_a_page_that_moves_the_focus_or_cuts_the_secret_short_keeps_none_of_it(
     page: Page, script: str

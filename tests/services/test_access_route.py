@@ -228,6 +228,8 @@ async def test_a_route_of_a_later_channel_alone_honours_the_mailbox_s_refusal() 
         await alone.changes(None)
     with pytest.raises(AccessRefused, match="go around it"):
         await alone.prepare(_reply(world, "<ours-2@fabrikam.test>"))
+    [status] = await alone.evaluate()
+    assert status.state is ChannelState.NOT_TRIED and "api refused" in status.reason
     assert opened == [] and world.mcp.sent == []
     other = AccessRoute(
         "microsoft", MAILBOX, [Candidate(Channel.PROVIDER_MCP, later)],
