@@ -86,6 +86,8 @@ LARGEST = 25 * 1024 * 1024
 SENT_SCAN = 50
 """The most conversations of Sent Items a search for a copy reads (past them, a copy not
 found is not proven absent)."""
+SENT_ROWS = 512
+"""Sent Items rows whose items a channel instance remembers (newest read kept)."""
 SENT_SOURCE_BYTES = 32 * 1024 * 1024
 """The sent items' sources a channel instance keeps, newest first (a sent item never
 changes): at most this many bytes, however many items."""
@@ -178,6 +180,8 @@ class OutlookWeb:
         """Tokens of sends whose writing stopped before Send: their saved drafts are
         discarded before they are written again."""
         self._sent_sources: dict[str, bytes] = {}
+        self._sent_rows: dict[tuple[str, str, str], list[_Item]] = {}
+        """Sent Items rows as read (conversation, name, link) and their sent items."""
         """Sources of sent items read (a sent item never changes), newest last."""
         self.capabilities_ = Capabilities(
             channel=Channel.BROWSER,
@@ -399,6 +403,19 @@ class OutlookWeb:
         shown = await self._open(folder)
         await shown.rows.first.or_(shown.empty).wait_for()
         return await _row_values(shown)
+
+    async def _sent_of(self, row: tuple[str, str, str]) -> list[_Item]:
+        """A Sent Items row's sent items, newest first: read again only when the row changed
+        (its name and link name the conversation's newest sent item)."""
+        found = self._sent_rows.pop(row, None)
+        if found is None:
+            conversation, _, href = row
+            items = reversed(await self._conversation(conversation, href))
+            found = [item for item in items if item.folder == "sentitems"]
+        self._sent_rows[row] = found
+        while len(self._sent_rows) > SENT_ROWS:
+            del self._sent_rows[next(iter(self._sent_rows))]
+        return found
 
     async def _listed_whole(self, folder: str, count: int) -> bool:
         """Whether the folder's list holds no more than the ``count`` rows read (fewer than
@@ -771,12 +788,11 @@ class OutlookWeb:
         rows = await self._rows("sentitems")
         named = [row for row in rows if conversation and row[0] == conversation]
         others = [row for row in rows if row not in named]
-        for row, _, href in [*named, *others][:SENT_SCAN]:
-            for item in reversed(await self._conversation(row, href)):
-                if item.folder == "sentitems":
-                    copy = ours(await self._sent_source(item.rest_id), item.rest_id)
-                    if copy is not None:
-                        return copy
+        for row in [*named, *others][:SENT_SCAN]:
+            for item in await self._sent_of(row):
+                copy = ours(await self._sent_source(item.rest_id), item.rest_id)
+                if copy is not None:
+                    return copy
         if await self._listed_whole("sentitems", len(rows)):
             return None
         raise TransientFailure(
@@ -887,10 +903,11 @@ async def _discard(composer: Composer) -> None:
 
 async def _row_values(shown: MailPage) -> list[tuple[str, str, str]]:
     """Each row's conversation id, accessible name and link."""
-    return await shown.rows.evaluate_all(
+    found: list[list[str]] = await shown.rows.evaluate_all(
         "rows => rows.map(r => [r.dataset.convid || '', r.getAttribute('aria-label') || '',"
         " r.dataset.href || ''])"
     )
+    return [(convid, name, link) for convid, name, link in found]
 
 
 def _is_send(response: Response) -> bool:

@@ -103,7 +103,7 @@ _runs = itertools.count(1)
 
 BROWSER_SENDS = 50  # replies through Outlook on the web, the last channel of the route
 QUESTIONS = 10  # the conversations they answer in: five replies in each
-BROWSER_DROPPED = 0.2  # a lost answer costs the browser a search or three of Sent Items
+BROWSER_DROPPED = 0.12  # a lost answer costs the browser a search or three of Sent Items
 BROWSER_WORKERS = 2  # each with a Chromium of its own, taking turns at the one session
 BROWSER_KILLS_FROM_OUTSIDE = 3
 BROWSER_CRASH_ARMS = 3
