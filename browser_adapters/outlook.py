@@ -734,19 +734,10 @@ class OutlookWeb:
             raise OutcomeUnknown(
                 f"Outlook's answer to Send was lost ({type(exc).__name__})"
             ) from None
-        status = response.status
-        if status == 401:
+        if response.status == 401:
             raise _SignedOut
-        if status == 404:  # the draft is gone: sent (perhaps by this very press) or discarded
-            raise OutcomeUnknown("Outlook no longer has the draft Send was pressed on")
-        if status == 403:
-            raise AccessRefused(f"Outlook refused to send for this account (HTTP {status})")
-        if status in REFUSALS:
-            raise NotHandedOver(f"Outlook refused the message (HTTP {status}); nothing was sent")
-        answer = await _json_of(response) if status == 200 else None  # else unknown
-        if not isinstance(answer, dict) or not answer.get("sent"):  # pyright: ignore[reportUnknownMemberType]
-            raise OutcomeUnknown(f"Outlook's answer to Send could not be read (HTTP {status})")
-        return dict(answer)  # pyright: ignore[reportUnknownArgumentType]
+        answer = await _json_of(response) if response.status == 200 else None
+        return sent_answer(response.status, answer)
 
     async def _find_sent(self, marker: Marker) -> StoredCopy | None:
         """Our copy in Sent Items: the item whose block of what we wrote carries the send's
@@ -884,6 +875,22 @@ def _what(exc: PlaywrightError) -> str:
 def _folder_of(path: str) -> str:
     parts = urlsplit(path).path.split("/")
     return parts[parts.index("id") - 1] if "id" in parts[1:] else "inbox"
+
+
+def sent_answer(status: int, answer: object) -> dict[str, Any]:
+    """What Outlook's answer to Send (its status, and its JSON when it is 200) says: the
+    sent message's ids; else ``NotHandedOver`` for the app's refusals of a message as it is,
+    ``AccessRefused`` for 403, ``OutcomeUnknown`` for anything else (a draft gone, a 5xx,
+    429, an answer that cannot be read): it may have gone out."""
+    if status == 404:  # the draft is gone: sent (perhaps by this very press) or discarded
+        raise OutcomeUnknown("Outlook no longer has the draft Send was pressed on")
+    if status == 403:
+        raise AccessRefused(f"Outlook refused to send for this account (HTTP {status})")
+    if status in REFUSALS:
+        raise NotHandedOver(f"Outlook refused the message (HTTP {status}); nothing was sent")
+    if status != 200 or not isinstance(answer, dict) or not answer.get("sent"):  # pyright: ignore[reportUnknownMemberType]
+        raise OutcomeUnknown(f"Outlook's answer to Send could not be read (HTTP {status})")
+    return dict(answer)  # pyright: ignore[reportUnknownArgumentType]
 
 
 async def _json_of(response: Response) -> object:

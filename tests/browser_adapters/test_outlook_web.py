@@ -133,16 +133,3 @@ class OnGraphAndOutlookWeb(OnOutlookWeb):
 
 
 class TestCoreOnGraphAndOutlookWeb(OnGraphAndOutlookWeb, ChannelLifecycleContract): ...
-
-
-class OnOutlookWebAndGraph(OnGraphAndOutlookWeb):
-    """The same two channels with Outlook on the web first: its sends settled from their
-    copies (under the Message-ID Exchange gave them) through either channel."""
-
-    channels: ClassVar[tuple[str, ...]] = ("browser", "api")
-    release_at: ClassVar[timedelta] = LATENCY * 3 / 4
-    """Three quarters of the sending channel's latency (a search through Graph waits for
-    the longer latency of the two)."""
-
-
-class TestCoreOnOutlookWebAndGraph(OnOutlookWebAndGraph, ChannelLifecycleContract): ...

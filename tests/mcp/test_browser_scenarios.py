@@ -338,3 +338,30 @@ async def test_a_reply_whose_copy_showed_late_is_linked_under_the_message_id_exc
         assert joined["task_id"] == task_id and joined["task_created"] is False
         for reconciliation in await reconcile_all(client, answered):
             assert reconciliation["clean"], reconciliation
+
+
+async def test_an_approval_request_whose_answer_was_lost_is_settled_from_its_copy_and_approved(
+    tmp_path: Path, codes_clock: WebClock
+) -> None:
+    """Outlook on the web filed the request and its answer was lost: the next
+    request_approval settles it from the copy (nothing sent twice) and records the
+    Message-ID Exchange gave it, so the approver's reply to it approves."""
+    del codes_clock
+    station, _ = _station(tmp_path, "[browser]")
+    station.deliver(sender=CLIENT, subject="Quote request")
+    async with station.client() as client:
+        scanned, [claim] = await intake_and_claim(client, station.mailbox)
+        task_id = claim["task_id"]
+        await to_draft_ready(client, task_id)
+        draft = await call(client, "render", task_id=task_id, body_markdown="We are on it.")
+        station.admin.faults(drop_send_ack=1)
+        lost = await refused(
+            client, "request_approval", task_id=task_id, draft_id=draft["draft_id"]
+        )
+        assert "outcome is not known yet" in lost.message
+        request = await request_approval(station, client, task_id, draft["draft_id"])
+        [copy] = [m for m in station.stored("sent") if parsed(m)["To"] == APPROVER]
+        assert request["request_message_id"] == str(parsed(copy)["Message-ID"])
+        for reconciliation in await reconcile_all(client, scanned):
+            assert reconciliation["clean"], reconciliation
+        await approve_by_reply(station, client, [request])
