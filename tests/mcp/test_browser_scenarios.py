@@ -113,14 +113,23 @@ def _station(
     return station, account
 
 
-async def _approved_reply(station: BrowserStation, client: Any) -> tuple[str, dict[str, Any]]:
-    """The client's request taken in and claimed, our reply rendered, and the approver's
-    reply approving it taken in: the task and its draft."""
+async def _drafted(
+    station: BrowserStation, client: Any
+) -> tuple[dict[str, Any], str, dict[str, Any]]:
+    """The client's request taken in and claimed, and our reply rendered: the intake's
+    result, the task and its draft."""
     scanned, [claim] = await intake_and_claim(client, station.mailbox)
     assert claim["outcome"] == "CLAIMED" and scanned["access_errors"] == []
     task_id = claim["task_id"]
     await to_draft_ready(client, task_id)
     draft = await call(client, "render", task_id=task_id, body_markdown="We are on it.")
+    return scanned, task_id, draft
+
+
+async def _approved_reply(station: BrowserStation, client: Any) -> tuple[str, dict[str, Any]]:
+    """``_drafted``, then the approval asked for and the approver's reply approving it
+    taken in: the task and its draft."""
+    scanned, task_id, draft = await _drafted(station, client)
     request = await request_approval(station, client, task_id, draft["draft_id"])
     for reconciliation in await reconcile_all(client, scanned):
         assert reconciliation["clean"], reconciliation
@@ -240,10 +249,7 @@ async def test_scenario_11_a_refusal_is_not_bypassed_through_the_browser(
     station.connect_without_check(account)
     station.deliver(sender=CLIENT, subject="Quote request")
     async with station.client() as client:
-        scanned, [claim] = await intake_and_claim(client, station.mailbox)
-        task_id = claim["task_id"]
-        await to_draft_ready(client, task_id)
-        draft = await call(client, "render", task_id=task_id, body_markdown="We are on it.")
+        scanned, task_id, draft = await _drafted(station, client)
         first = await refused(
             client, "request_approval", task_id=task_id, draft_id=draft["draft_id"]
         )
@@ -350,10 +356,7 @@ async def test_an_approval_request_whose_answer_was_lost_is_settled_from_its_cop
     station, _ = _station(tmp_path, "[browser]")
     station.deliver(sender=CLIENT, subject="Quote request")
     async with station.client() as client:
-        scanned, [claim] = await intake_and_claim(client, station.mailbox)
-        task_id = claim["task_id"]
-        await to_draft_ready(client, task_id)
-        draft = await call(client, "render", task_id=task_id, body_markdown="We are on it.")
+        scanned, task_id, draft = await _drafted(station, client)
         station.admin.faults(drop_send_ack=1)
         lost = await refused(
             client, "request_approval", task_id=task_id, draft_id=draft["draft_id"]
