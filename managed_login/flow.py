@@ -9,6 +9,7 @@ challenge, never as a guess.
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
@@ -19,6 +20,7 @@ from pydantic import BaseModel, ConfigDict
 
 from agent.domain.errors import AuthChallengeUnresolved, SignInFailed
 from agent.domain.secrets import Secret
+from managed_login.entry import enter_secret, refuse_recording
 from managed_login.totp import Codes
 
 MAX_PAGES = 12
@@ -119,3 +121,78 @@ def too_many_pages(what: str) -> SignInFailed:
         f"{what}: the sign-in went through {MAX_PAGES} pages without reaching the mailbox",
         "sign in once with `outloop login --headed` to see where it loops",
     )
+
+
+class PageByPage(ABC):
+    """A provider's sign-in walked page by page, from whatever page shows to the mail app
+    (``arrived``: a locator only the signed-in app shows). Each provider names its pages
+    (``shown``, in the order they are told apart) and answers each (``answer``)."""
+
+    def __init__(
+        self,
+        page: Page,
+        worker: WorkerSignIn,
+        arrived: Locator,
+        *,
+        workspace_id: str,
+        mailbox_id: str,
+        timeout_ms: float = 15_000,
+    ) -> None:
+        self._page = page
+        self._worker = worker
+        self._arrived = arrived
+        self._timeout = timeout_ms
+        self._workspace_id = workspace_id
+        self._mailbox_id = mailbox_id
+        self._what = f"mailbox {mailbox_id}"
+        self._steps: list[Step] = []
+        self._codes_refused = 0
+
+    async def run(self) -> LoginReport:
+        """Sign in (nothing typed when the app shows already); ``SignInFailed`` or
+        ``AuthChallengeUnresolved`` when it cannot, with no client data read."""
+        refuse_recording()
+        for _ in range(MAX_PAGES):
+            shown = await first_shown(self._page, self._shown(), self._timeout, what=self._what)
+            if shown.name == "arrived":
+                self._steps.append(Step.ARRIVED)
+                return LoginReport(
+                    account=self._worker.account,
+                    steps=tuple(self._steps),
+                    signed_in=len(self._steps) > 1,
+                )
+            await self._answer(shown.name)
+        raise too_many_pages(self._what)
+
+    @abstractmethod
+    def _shown(self) -> list[Shown]:
+        """The pages this sign-in tells apart, ``arrived`` first."""
+
+    @abstractmethod
+    async def _answer(self, name: str) -> None:
+        """Do what the page ``name`` asks."""
+
+    async def _press(self, step: Step, button: Locator) -> None:
+        """Press ``button`` after marking what the page shows now as seen, so the next
+        page (or a new alert on this one) is what the loop recognises next."""
+        self._steps.append(step)
+        for shown in self._shown():
+            await mark_seen(shown.marker)
+        await button.click(timeout=self._timeout)
+
+    async def _code(self, field: Locator, submit: Locator) -> None:
+        """The authenticator's next code (never one of a step already used), typed and sent."""
+        code = await self._worker.codes.next()
+        await enter_secret(field, code)
+        await self._press(Step.CODE, submit)
+
+    async def _code_refused(self, field: Locator, submit: Locator, provider: str) -> None:
+        """A refused code is followed once by the next step's; a second refusal stops."""
+        if self._codes_refused:
+            raise SignInFailed(
+                f"{self._what}: {provider} refused two authenticator codes in a row",
+                "check the worker's authenticator secret in the vault (`outloop vault set` "
+                "with the setup key) and this machine's clock",
+            )
+        self._codes_refused += 1
+        await self._code(field, submit)

@@ -16,17 +16,8 @@ from __future__ import annotations
 from playwright.async_api import Locator, Page
 
 from agent.domain.errors import AuthChallengeUnresolved, PasswordRefused, SignInFailed
-from managed_login.entry import clear_field, enter_secret, refuse_recording
-from managed_login.flow import (
-    MAX_PAGES,
-    LoginReport,
-    Shown,
-    Step,
-    WorkerSignIn,
-    first_shown,
-    mark_seen,
-    too_many_pages,
-)
+from managed_login.entry import clear_field, enter_secret
+from managed_login.flow import PageByPage, Shown, Step, WorkerSignIn
 
 HEADED = (
     "complete it once in a visible browser with "
@@ -76,7 +67,7 @@ class MicrosoftSignInPages:
         return self.page.get_by_role("heading", name=heading, exact=True)
 
 
-class MicrosoftLogin:
+class MicrosoftLogin(PageByPage):
     """Signs a browser page in to a Microsoft account, from whatever sign-in page shows to
     the mail app (``arrived``: a locator only the signed-in app shows)."""
 
@@ -90,31 +81,16 @@ class MicrosoftLogin:
         mailbox_id: str,
         timeout_ms: float = 15_000,
     ) -> None:
-        self._page = page
-        self._worker = worker
-        self._arrived = arrived
+        super().__init__(
+            page,
+            worker,
+            arrived,
+            workspace_id=workspace_id,
+            mailbox_id=mailbox_id,
+            timeout_ms=timeout_ms,
+        )
         self._pages = MicrosoftSignInPages(page, worker.account)
-        self._timeout = timeout_ms
-        self._what = f"mailbox {mailbox_id}"
         self._headed = HEADED.format(ws=workspace_id, mb=mailbox_id)
-        self._steps: list[Step] = []
-        self._codes_refused = 0
-
-    async def run(self) -> LoginReport:
-        """Sign in (nothing typed when the app shows already); ``SignInFailed`` or
-        ``AuthChallengeUnresolved`` when it cannot, with no client data read."""
-        refuse_recording()
-        for _ in range(MAX_PAGES):
-            shown = await first_shown(self._page, self._shown(), self._timeout, what=self._what)
-            if shown.name == "arrived":
-                self._steps.append(Step.ARRIVED)
-                return LoginReport(
-                    account=self._worker.account,
-                    steps=tuple(self._steps),
-                    signed_in=len(self._steps) > 1,
-                )
-            await self._answer(shown.name)
-        raise too_many_pages(self._what)
 
     def _shown(self) -> list[Shown]:
         p = self._pages
@@ -145,39 +121,18 @@ class MicrosoftLogin:
         elif name == "methods":
             await self._press(Step.METHOD, p.use_code)
         elif name == "code":
-            await self._code()
+            await self._code(p.code_field, p.verify)
         elif name == "stay_signed_in":
             await self._press(Step.STAY_SIGNED_IN, p.yes)
-
-    async def _code(self) -> None:
-        p = self._pages
-        code = await self._worker.codes.next()
-        await enter_secret(p.code_field, code)
-        await self._press(Step.CODE, p.verify)
-
-    async def _press(self, step: Step, button: Locator) -> None:
-        """Press ``button`` after marking what the page shows now as seen, so the next
-        page (or a new alert on this one) is what the loop recognises next."""
-        self._steps.append(step)
-        for shown in self._shown():
-            await mark_seen(shown.marker)
-        await button.click(timeout=self._timeout)
 
     async def _alerted(self) -> None:
         p = self._pages
         text = " ".join((await p.alert.first.inner_text()).split())
         await clear_field(p.password_field)
         await clear_field(p.code_field)
-        if WRONG_CODE in text and self._codes_refused == 0:
-            self._codes_refused += 1
-            await self._code()
-            return
         if WRONG_CODE in text:
-            raise SignInFailed(
-                f"{self._what}: Microsoft refused two authenticator codes in a row",
-                "check the worker's authenticator secret in the vault (`outloop vault set` "
-                "with the setup key) and this machine's clock",
-            )
+            await self._code_refused(p.code_field, p.verify, "Microsoft")
+            return
         if WRONG_PASSWORD in text:
             raise PasswordRefused(
                 f"{self._what}: Microsoft refused the stored password (not retried: retries "
