@@ -147,6 +147,11 @@ class PageByPage(ABC):
         self._what = f"mailbox {mailbox_id}"
         self._steps: list[Step] = []
         self._codes_refused = 0
+        self._setup()
+
+    @abstractmethod
+    def _setup(self) -> None:
+        """The provider's page objects and what it tells an operator, made once."""
 
     async def run(self) -> LoginReport:
         """Sign in (nothing typed when the app shows already); ``SignInFailed`` or

@@ -17,7 +17,7 @@ from playwright.async_api import Locator, Page
 
 from agent.domain.errors import AuthChallengeUnresolved, PasswordRefused, SignInFailed
 from managed_login.entry import clear_field, enter_secret
-from managed_login.flow import PageByPage, Shown, Step, WorkerSignIn
+from managed_login.flow import PageByPage, Shown, Step
 
 HEADED = (
     "complete it once in a visible browser with "
@@ -71,26 +71,9 @@ class MicrosoftLogin(PageByPage):
     """Signs a browser page in to a Microsoft account, from whatever sign-in page shows to
     the mail app (``arrived``: a locator only the signed-in app shows)."""
 
-    def __init__(
-        self,
-        page: Page,
-        worker: WorkerSignIn,
-        arrived: Locator,
-        *,
-        workspace_id: str,
-        mailbox_id: str,
-        timeout_ms: float = 15_000,
-    ) -> None:
-        super().__init__(
-            page,
-            worker,
-            arrived,
-            workspace_id=workspace_id,
-            mailbox_id=mailbox_id,
-            timeout_ms=timeout_ms,
-        )
-        self._pages = MicrosoftSignInPages(page, worker.account)
-        self._headed = HEADED.format(ws=workspace_id, mb=mailbox_id)
+    def _setup(self) -> None:
+        self._pages = MicrosoftSignInPages(self._page, self._worker.account)
+        self._headed = HEADED.format(ws=self._workspace_id, mb=self._mailbox_id)
 
     def _shown(self) -> list[Shown]:
         p = self._pages
