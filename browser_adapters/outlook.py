@@ -266,11 +266,11 @@ class OutlookWeb:
         app sends the browser to sign-in."""
         page = await self._working_page()
         self._showing = None
-        await page.goto(self._app + path)
+        await _goto(page, self._app + path)
         if not self._in_app(page.url):
             await self._sign_in()
             page = await self._working_page()
-            await page.goto(self._app + path)
+            await _goto(page, self._app + path)
             if not self._in_app(page.url):
                 raise SignInFailed(
                     f"mailbox {self._mailbox_id}: Outlook sent the browser to sign in again "
@@ -317,7 +317,7 @@ class OutlookWeb:
             )
         async with self._browser.sign_in_context() as context:
             page = await context.new_page()
-            await page.goto(self._app)
+            await _goto(page, self._app)
             worker = self._worker()
             worker.codes.used_through(self._browser.last_code_step())
             arrived = MailPage(page).account
@@ -440,7 +440,7 @@ class OutlookWeb:
         await self._no_mark_as_read()  # its page opens its newest item
         page = await self._working_page()
         self._showing = None
-        await page.goto(urlsplit(page.url)._replace(path=href, query="").geturl())
+        await _goto(page, urlsplit(page.url)._replace(path=href, query="").geturl())
         shown = MailPage(page)
         await shown.reading.wait_for()
         here = urlsplit(page.url).path
@@ -602,7 +602,7 @@ class OutlookWeb:
         except PlaywrightError as exc:
             self._unsent.add(token)
             if composer is not None:
-                await _discard(composer)
+                await _discard_stuck(composer)
             raise NotHandedOver(
                 f"mailbox {self._mailbox_id}: Outlook's composer did not answer "
                 f"({_what(exc)}); Send was not pressed"
@@ -669,13 +669,12 @@ class OutlookWeb:
             if keep and kept is None and await _as_planned(composer, message):
                 kept = href
                 continue
-            async with composer.root.page.expect_navigation():
-                await composer.discard.click()
+            await _discard(composer, self._browser.timeout_ms)
         return None if kept is None else await self._open_draft(kept)
 
     async def _open_draft(self, href: str) -> Composer:
         page = await self._working_page()
-        await page.goto(urlsplit(page.url)._replace(path=href, query="").geturl())
+        await _goto(page, urlsplit(page.url)._replace(path=href, query="").geturl())
         composer = Composer(page)
         await composer.body.wait_for()
         return composer
@@ -715,7 +714,7 @@ class OutlookWeb:
         shown = _lists(await _chips(composer, "to"), await _chips(composer, "cc"))
         problems = check_handover(handover.model_copy(update={"recipients": shown}))
         if problems:
-            await composer.discard.click()
+            await _discard(composer, self._browser.timeout_ms)
             raise NotHandedOver(
                 "Outlook's recipient chips are not the plan (nothing sent): " + "; ".join(problems)
             )
@@ -900,12 +899,30 @@ async def _json_of(response: Response) -> object:
         return None
 
 
-async def _discard(composer: Composer) -> None:
-    """Discard what the composer holds, if the page still answers (a short wait)."""
+async def _discard(composer: Composer, timeout_ms: float) -> None:
+    """Discard what the composer holds and wait for the page the app goes to after it (so
+    no later navigation of ours races the app's); a page that stops answering within
+    ``timeout_ms`` is left as it is."""
     try:
-        await composer.discard.click(timeout=DISCARD_MS)
+        async with composer.root.page.expect_navigation(timeout=timeout_ms):
+            await composer.discard.click(timeout=timeout_ms)
     except PlaywrightError:
         return
+
+
+async def _discard_stuck(composer: Composer) -> None:
+    """Discard the draft of a composer that stopped answering, if it still can (briefly)."""
+    await _discard(composer, DISCARD_MS)
+
+
+async def _goto(page: Page, url: str) -> None:
+    """Go to ``url``; once more when a navigation the app started itself aborted ours."""
+    try:
+        await page.goto(url)
+    except PlaywrightError as exc:
+        if "ERR_ABORTED" not in str(exc) and "interrupted by another navigation" not in str(exc):
+            raise
+        await page.goto(url)
 
 
 async def _row_values(shown: MailPage) -> list[tuple[str, str, str]]:

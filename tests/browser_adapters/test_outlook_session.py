@@ -120,7 +120,7 @@ async def test_a_page_that_stops_answering_before_send_sends_nothing_and_leaves_
 
     on_insert(monkeypatch, stuck_then_expiring)
     if not discards:
-        monkeypatch.setattr(outlook, "_discard", _no_discard)
+        monkeypatch.setattr(outlook, "_discard_stuck", _no_discard)
     with pytest.raises(NotHandedOver, match="Send was not pressed"):
         await channel.send(handover)
     assert account.sent_copies(message.internet_message_id) == 0
