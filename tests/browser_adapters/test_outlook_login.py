@@ -19,6 +19,7 @@ from tests.browser_adapters.outlook_mock import CLOCK, OutlookAccount, WebClock
 
 pytestmark = pytest.mark.anyio
 MAILBOX = "worker@fabrikam.test"
+STARTS_SIGNED_OUT = True
 FULL = (Step.ACCOUNT, Step.PASSWORD, Step.CODE, Step.STAY_SIGNED_IN, Step.ARRIVED)
 
 

@@ -15,6 +15,7 @@ from agent.domain.mail import MarkerKind
 from agent.ports import MailProvider
 from agent.testing.channel_contract import ChannelLifecycleContract
 from agent.testing.providers import MAILBOX, Fault, MailboxHooks, MailProviderContract
+from tests.browser_adapters.kept_sessions import KeptSessions
 from tests.browser_adapters.outlook_mock import OutlookAccount, WebClock
 from tests.providers.private_mock import PrivateMock
 from tests.providers.test_msgraph import LATENCY as GRAPH_LATENCY
@@ -23,6 +24,7 @@ from tests.providers.test_msgraph import GraphAccount
 LATENCY = timedelta(seconds=120)
 
 _private = PrivateMock("outlook-web")
+_kept = KeptSessions()
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -51,7 +53,7 @@ class OnOutlookWeb(MailboxHooks):
 
     def setup_mailbox(self) -> None:
         admin = _private.admin()
-        admin.reset()
+        _kept.reset(admin, self.where / "browser-state")
         self.account = OutlookAccount(
             admin, MAILBOX.lower(), self.where / "browser-state", WebClock(admin)
         )
@@ -64,6 +66,7 @@ class OnOutlookWeb(MailboxHooks):
         account = getattr(self, "account", None)
         if account is not None:
             await account.aclose()
+            _kept.keep(account.state_dir)
 
     def build(
         self, *, channel: str | None = None, markers: tuple[MarkerKind, ...] | None = None
@@ -107,7 +110,7 @@ class OnGraphAndOutlookWeb(OnOutlookWeb):
 
     def setup_mailbox(self) -> None:
         admin = _private.admin()
-        admin.reset()
+        _kept.reset(admin, self.where / "browser-state")
         self.graph = GraphAccount(admin, MAILBOX)
         self.account = OutlookAccount(
             admin, MAILBOX.lower(), self.where / "browser-state", WebClock(admin), create=False
