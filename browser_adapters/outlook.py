@@ -23,35 +23,22 @@ app's item ids (REST ids in the URL) are this channel's provider ids only.
 
 from __future__ import annotations
 
-import base64
-import hashlib
-import html
-import json
 import re
-import zlib
-from collections.abc import AsyncGenerator, Callable, Sequence
-from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 from typing import Any
 from urllib.parse import quote, urlsplit
 
 from playwright.async_api import Error as PlaywrightError
-from playwright.async_api import Page, Response
+from playwright.async_api import Locator, Page, Response
 
 from agent.domain.context import MailboxBinding
 from agent.domain.envelope import thread_alias
 from agent.domain.errors import (
-    AccessRefused,
-    AuthChallengeUnresolved,
-    CursorExpired,
     NotFound,
     NotHandedOver,
-    OutcomeUnknown,
-    PasswordRefused,
     ProviderError,
-    SignInFailed,
     TransientFailure,
     Unsupported,
 )
@@ -66,7 +53,6 @@ from agent.domain.mail import (
     MarkerKind,
     MessageBody,
     OutgoingMessage,
-    ProviderHealth,
     ScannedMessage,
     SendResult,
     StoredCopy,
@@ -75,7 +61,24 @@ from agent.domain.secrets import Secret
 from agent.providers import mime, rfc822
 from browser_adapters.outlook_pages import Composer, MailPage
 from browser_adapters.session import Browsers, MailboxBrowser
-from managed_login.flow import LoginReport, Step, WorkerSignIn
+from browser_adapters.webmail import (
+    DISCARD_MS,
+    Cursor,
+    SignedOut,
+    WebMail,
+    as_planned,
+    carries,
+    check_writable,
+    digest,
+    discard,
+    goto,
+    insert_html,
+    lists,
+    send_answer,
+    what,
+    wrapped,
+)
+from managed_login.flow import WorkerSignIn
 from managed_login.microsoft import MicrosoftLogin
 from managed_login.totp import Codes
 
@@ -88,50 +91,10 @@ SENT_SCAN = 50
 found is not proven absent)."""
 SENT_ROWS = 512
 """Sent Items rows whose items a channel instance remembers (newest read kept)."""
-SENT_SOURCE_BYTES = 32 * 1024 * 1024
-"""The sent items' sources a channel instance keeps, newest first (a sent item never
-changes): at most this many bytes, however many items."""
-DIGEST = 12
-DISCARD_MS = 2_000
-"""How long a composer that stopped answering is given to discard its draft."""
-REFUSALS = frozenset({400, 413, 415, 422})
-"""Answers to Send that say the message was refused as it was (nothing went out)."""
 REPLY_MARK = re.compile(r'<div id="appendonsend"></div>.*', re.S | re.I)
 QUOTE_RULE = "\n" + "_" * 32
 """The line Outlook's plain text puts above the original it answers."""
 MARK_AS_READ_OFF = "Don't automatically mark items as read"
-
-
-def _digest(value: str) -> str:
-    return hashlib.sha256(value.encode()).hexdigest()[:DIGEST]
-
-
-@dataclass
-class _Cursor:
-    """What was read: each read conversation's row as it was, and each read item."""
-
-    rows: dict[str, str] = field(default_factory=dict[str, str])
-    seen: set[str] = field(default_factory=set[str])
-
-    def encode(self) -> str:
-        data = json.dumps({"r": self.rows, "s": sorted(self.seen)}, separators=(",", ":"))
-        packed = base64.urlsafe_b64encode(zlib.compress(data.encode())).decode()
-        return CURSOR_PREFIX + packed
-
-    @classmethod
-    def decode(cls, text: str) -> _Cursor:
-        try:
-            if not text.startswith(CURSOR_PREFIX):
-                raise ValueError(text[:10])
-            data: Any = json.loads(zlib.decompress(base64.urlsafe_b64decode(text[5:])))
-            rows = {str(k): str(v) for k, v in dict(data["r"]).items()}
-            return cls(rows, {str(s) for s in data["s"]})
-        except (ValueError, KeyError, TypeError, zlib.error):
-            raise CursorExpired("not a cursor of the Outlook on the web channel") from None
-
-
-class _SignedOut(Exception):
-    """The app refused Send for want of a session (nothing was sent)."""
 
 
 @dataclass(frozen=True)
@@ -141,8 +104,13 @@ class _Item:
     conversation: str
 
 
-class OutlookWeb:
+class OutlookWeb(WebMail):
     """One Microsoft mailbox through Outlook on the web (implements ``MailProvider``)."""
+
+    PROVIDER = PROVIDER
+    APP = "Outlook on the web"
+    LOGIN = MicrosoftLogin
+    HOME = "inbox"
 
     def __init__(
         self,
@@ -157,32 +125,20 @@ class OutlookWeb:
         page_size: int = 25,
         sent_copy_latency: timedelta = timedelta(seconds=120),
     ) -> None:
-        self._browser = browser
-        self._mailbox_id = mailbox_id.lower()
-        self._account = (account or mailbox_id).lower()
-        self._verified = False
-        self._person_seconds = person_seconds
-        self._operator_asked = False
-        """In a visible browser (``outloop login --headed``): how long a person has to
-        complete a challenge managed login stopped at."""
-        self._app = app_url.rstrip("/") + "/"
-        self._worker = worker
-        self._workspace_id = workspace_id
-        self._page: Page | None = None
+        super().__init__(
+            browser,
+            mailbox_id,
+            app_url,
+            worker,
+            workspace_id=workspace_id,
+            account=account,
+            person_seconds=person_seconds,
+        )
         self._mark_as_read_checked = False
-        self._showing: str | None = None
-        """The item the working page shows open, loaded by this operation (a conversation's
-        page shows its newest item open): read there without loading it again. Forgotten at
-        every other page load and when the operation ends."""
         self._by_message_id: dict[str, _Item] = {}
         self._read_items: set[str] = set()
-        self._unsent: set[str] = set()
-        """Tokens of sends whose writing stopped before Send: their saved drafts are
-        discarded before they are written again."""
-        self._sent_sources: dict[str, bytes] = {}
         self._sent_rows: dict[tuple[str, str, str], list[_Item]] = {}
         """Sent Items rows as read (conversation, name, link) and their sent items."""
-        """Sources of sent items read (a sent item never changes), newest last."""
         self.capabilities_ = Capabilities(
             channel=Channel.BROWSER,
             native_threads=False,
@@ -191,178 +147,24 @@ class OutlookWeb:
             sent_copy_latency=sent_copy_latency,
             page_size=page_size,
         )
-        self.last_login: LoginReport | None = None
-
-    @property
-    def provider(self) -> str:
-        return PROVIDER
-
-    @property
-    def session_file(self) -> Path:
-        """Where the mailbox's browser session is kept (mode 600)."""
-        return self._browser.state_file
-
-    @property
-    def mailbox_id(self) -> str:
-        return self._mailbox_id
 
     @property
     def capabilities(self) -> Capabilities:
         return self.capabilities_
 
-    # -- the port: each operation holds the mailbox's browser ----------------------------
+    def _arrived(self, page: Page) -> Locator:
+        return MailPage(page).account
 
-    async def changes(self, cursor: str | None) -> ChangePage:
-        async with self._driving():
-            return await self._changes(cursor)
-
-    async def fetch_body(self, body_ref: str) -> MessageBody:
-        async with self._driving():
-            return await self._fetch_body(body_ref)
-
-    async def fetch_attachment(self, ref: str) -> AttachmentData:
-        async with self._driving():
-            return await self._fetch_attachment(ref)
-
-    async def prepare(self, message: OutgoingMessage) -> Handover:
-        async with self._driving():
-            return await self._prepare(message)
-
-    async def send(self, handover: Handover) -> SendResult:
-        async with self._driving():
-            return await self._send(handover)
-
-    async def find_sent(self, marker: Marker) -> StoredCopy | None:
-        async with self._driving():
-            return await self._find_sent(marker)
-
-    async def health(self) -> ProviderHealth:
-        async with self._driving():
-            return await self._health()
-
-    @asynccontextmanager
-    async def _driving(self) -> AsyncGenerator[None]:
-        """Hold the mailbox's browser for one operation; what its page showed is not
-        carried into the next."""
-        async with self._browser.driving():
-            self._showing = None
-            try:
-                yield
-            except PlaywrightError as exc:  # a page that stopped answering: every wait is bounded
-                raise TransientFailure(
-                    f"mailbox {self._mailbox_id}: Outlook on the web did not answer "
-                    f"({_what(exc)}); try again later"
-                ) from None
-            finally:
-                self._showing = None
-
-    # -- the page, signed in -------------------------------------------------------------
-
-    def _in_app(self, url: str) -> bool:
-        return url.startswith(self._app)
+    async def _signed_in_as(self, page: Page) -> str:
+        shown = MailPage(page)
+        await shown.account.click()
+        card = await shown.account_card.inner_text()
+        await page.keyboard.press("Escape")
+        return card
 
     async def _open(self, path: str) -> MailPage:
-        """The app's page at ``path`` (relative to the mail app), signing in first when the
-        app sends the browser to sign-in."""
-        page = await self._working_page()
-        self._showing = None
-        await _goto(page, self._app + path)
-        if not self._in_app(page.url):
-            await self._sign_in()
-            page = await self._working_page()
-            await _goto(page, self._app + path)
-            if not self._in_app(page.url):
-                raise SignInFailed(
-                    f"mailbox {self._mailbox_id}: Outlook sent the browser to sign in again "
-                    "right after a managed login",
-                    "run `outloop login` for the mailbox and check its output",
-                )
-        shown = MailPage(page)
-        if not self._verified:
-            await self._verify_account(shown)
-        return shown
-
-    async def _working_page(self) -> Page:
-        if self._page is None or self._page.is_closed():
-            self._verified = False  # a new page of a session: whose it is is checked again
-            context = await self._browser.context()
-            self._page = await context.new_page()
-        return self._page
-
-    async def login(self) -> LoginReport:
-        """Sign the mailbox's browser in now (``outloop login``): nothing is typed when
-        its kept session is still signed in."""
-        async with self._driving():
-            self._operator_asked = True  # an operator's login may type a refused password again
-            try:
-                shown = await self._open("inbox")
-            finally:
-                self._operator_asked = False
-            await shown.account.wait_for()
-            if self.last_login is None:
-                return LoginReport(account=self._mailbox_id, steps=(), signed_in=False)
-            return self.last_login
-
-    async def _sign_in(self) -> LoginReport:
-        """Managed login in a context of its own; the signed-in account verified before
-        the session is kept and anything is read."""
-        self._page = None
-        refused_at = self._browser.password_refused_at()
-        if refused_at is not None and not self._operator_asked:
-            raise PasswordRefused(
-                f"mailbox {self._mailbox_id}: managed login stopped after Microsoft refused the "
-                f"stored password ({refused_at}); it does not type it again by itself",
-                "store the worker's current password with `outloop vault set`, then run "
-                f"`outloop login --workspace {self._workspace_id} --mailbox {self._mailbox_id}`",
-            )
-        async with self._browser.sign_in_context() as context:
-            page = await context.new_page()
-            await _goto(page, self._app)
-            worker = self._worker()
-            worker.codes.used_through(self._browser.last_code_step())
-            arrived = MailPage(page).account
-            login = MicrosoftLogin(
-                page,
-                worker,
-                arrived,
-                workspace_id=self._workspace_id,
-                mailbox_id=self._mailbox_id,
-                timeout_ms=self._browser.timeout_ms,
-            )
-            try:
-                report = await login.run()
-            except PasswordRefused:
-                self._browser.note_password_refused(datetime.now(UTC).isoformat(timespec="seconds"))
-                raise
-            except AuthChallengeUnresolved:
-                if self._person_seconds is None:
-                    raise
-                await arrived.wait_for(timeout=self._person_seconds * 1000)
-                report = LoginReport(
-                    account=worker.account, steps=(Step.BY_PERSON, Step.ARRIVED), signed_in=True
-                )
-            finally:
-                self._browser.keep_code_step(worker.codes.last_step)
-            await self._verify_account(MailPage(page))
-        self._browser.clear_password_refused()
-        self.last_login = report
-        return report
-
-    async def _verify_account(self, shown: MailPage) -> None:
-        """The app shows the bound account, or nothing is read: the kept session is
-        dropped and the login refused."""
-        await shown.account.click()
-        card = (await shown.account_card.inner_text()).lower().split()
-        await shown.page.keyboard.press("Escape")
-        if self._account not in card:
-            self._browser.forget()
-            self._page = None
-            raise SignInFailed(
-                f"mailbox {self._mailbox_id}: the browser is signed in to another account than "
-                f"{self._account}; nothing was read and the session was dropped",
-                "check the mailbox's worker account in the Workspace Context (browser.account)",
-            )
-        self._verified = True
+        """The app's page at ``path`` (relative to the mail app), signed in."""
+        return MailPage(await self._open_page(path))
 
     async def _no_mark_as_read(self) -> None:
         """Opening an item must not mark it read: the option is set once, before anything
@@ -380,21 +182,25 @@ class OutlookWeb:
     # -- reading -------------------------------------------------------------------------
 
     async def _changes(self, cursor: str | None) -> ChangePage:
-        state = _Cursor() if cursor is None else _Cursor.decode(cursor)
+        state = (
+            Cursor(CURSOR_PREFIX)
+            if cursor is None
+            else Cursor.decode(CURSOR_PREFIX, cursor, self.APP)
+        )
         await self._no_mark_as_read()
         rows = await self._rows("inbox")
         found: list[ScannedMessage] = []
         for conversation, label, href in reversed(rows):
-            if state.rows.get(_digest(conversation)) == _digest(label):
+            if state.rows.get(digest(conversation)) == digest(label):
                 continue
             for item in await self._conversation(conversation, href):
-                if item.folder != "inbox" or _digest(item.rest_id) in state.seen:
+                if item.folder != "inbox" or digest(item.rest_id) in state.seen:
                     continue
                 if len(found) == self.capabilities_.page_size:
                     return ChangePage(items=tuple(found), cursor=state.encode(), more=True)
                 found.append(await self._scanned(item))
-                state.seen.add(_digest(item.rest_id))
-            state.rows[_digest(conversation)] = _digest(label)
+                state.seen.add(digest(item.rest_id))
+            state.rows[digest(conversation)] = digest(label)
         return ChangePage(items=tuple(found), cursor=state.encode(), more=False)
 
     async def _rows(self, folder: str) -> list[tuple[str, str, str]]:
@@ -440,7 +246,7 @@ class OutlookWeb:
         await self._no_mark_as_read()  # its page opens its newest item
         page = await self._working_page()
         self._showing = None
-        await _goto(page, urlsplit(page.url)._replace(path=href, query="").geturl())
+        await goto(page, urlsplit(page.url)._replace(path=href, query="").geturl())
         shown = MailPage(page)
         await shown.reading.wait_for()
         here = urlsplit(page.url).path
@@ -502,15 +308,6 @@ class OutlookWeb:
         await shown.page.keyboard.press("Escape")
         return text.replace("\r\n", "\n").replace("\n", "\r\n").encode("utf-8", "surrogateescape")
 
-    async def _sent_source(self, rest_id: str) -> bytes:
-        """A sent item's source, read once per channel instance (the newest kept, up to
-        ``SENT_SOURCE_BYTES``)."""
-        raw = self._sent_sources.pop(rest_id, None) or await self._source(rest_id)
-        self._sent_sources[rest_id] = raw
-        while sum(map(len, self._sent_sources.values())) > SENT_SOURCE_BYTES:
-            del self._sent_sources[next(iter(self._sent_sources))]
-        return raw
-
     async def _fetch_body(self, body_ref: str) -> MessageBody:
         return rfc822.body(await self._source(body_ref))
 
@@ -526,20 +323,12 @@ class OutlookWeb:
     # -- sending -------------------------------------------------------------------------
 
     async def _prepare(self, message: OutgoingMessage) -> Handover:
-        try:
-            for address in (message.sender, *message.to, *message.cc):
-                mime.mailbox(address)
-        except mime.UnsendableHeader as exc:
-            raise ProviderError(f"the message cannot be written in Outlook: {exc}") from None
-        if message.sender.address != self._mailbox_id:
-            raise ProviderError(f"Outlook sends from {self._mailbox_id} only")
-        if message.attachments and sum(len(f.data) for f in message.attachments) > LARGEST:
-            raise ProviderError("Outlook on the web takes up to 25 MB of files in one message")
+        check_writable(message, self._mailbox_id, "Outlook", LARGEST)
         parent = None if message.in_reply_to is None else await self._parent(message)
         return Handover(
             message=message,
             channel=Channel.BROWSER.value,
-            recipients=_lists([a.address for a in message.to], [a.address for a in message.cc]),
+            recipients=lists([a.address for a in message.to], [a.address for a in message.cc]),
             marker=_marker(message, parent.conversation if parent else ""),
         )
 
@@ -605,12 +394,12 @@ class OutlookWeb:
                 await _discard_stuck(composer)
             raise NotHandedOver(
                 f"mailbox {self._mailbox_id}: Outlook's composer did not answer "
-                f"({_what(exc)}); Send was not pressed"
+                f"({what(exc)}); Send was not pressed"
             ) from None
         self._unsent.discard(token)
         try:
-            return await self._press_send(composer)
-        except _SignedOut:  # refused for want of a session: nothing went out
+            return await self._press_send(composer.send, _is_send)
+        except SignedOut:  # refused for want of a session: nothing went out
             return await self._send_again(handover)
 
     async def _write(self, composer: Composer, handover: Handover) -> None:
@@ -619,7 +408,7 @@ class OutlookWeb:
         await composer.body.wait_for()
         await self._recipients(composer, handover)
         await composer.subject.fill(message.subject)
-        await _insert_html(composer, _wrapped(message))
+        await _insert_html(composer, wrapped(message))
         if message.attachments:
             await composer.attach.set_input_files(
                 [
@@ -645,11 +434,11 @@ class OutlookWeb:
         except PlaywrightError as exc:
             raise NotHandedOver(
                 f"mailbox {self._mailbox_id}: Outlook did not answer while the reply was "
-                f"written again ({_what(exc)}); Send was not pressed again"
+                f"written again ({what(exc)}); Send was not pressed again"
             ) from None
         try:
-            return await self._press_send(composer)
-        except _SignedOut:
+            return await self._press_send(composer.send, _is_send)
+        except SignedOut:
             raise NotHandedOver(
                 f"mailbox {self._mailbox_id}: Outlook signed the browser out again at Send; "
                 "nothing was sent"
@@ -664,17 +453,21 @@ class OutlookWeb:
         kept: str | None = None
         for _, _, href in await self._rows("drafts"):
             composer = await self._open_draft(href)
-            if not _carries(await composer.body.inner_html(), token):
+            if not carries(await composer.body.inner_html(), token, "x_"):
                 continue
-            if keep and kept is None and await _as_planned(composer, message):
+            if (
+                keep
+                and kept is None
+                and await as_planned(composer.body, composer.attached, message)
+            ):
                 kept = href
                 continue
-            await _discard(composer, self._browser.timeout_ms)
+            await discard(composer.discard, self._browser.timeout_ms)
         return None if kept is None else await self._open_draft(kept)
 
     async def _open_draft(self, href: str) -> Composer:
         page = await self._working_page()
-        await _goto(page, urlsplit(page.url)._replace(path=href, query="").geturl())
+        await goto(page, urlsplit(page.url)._replace(path=href, query="").geturl())
         composer = Composer(page)
         await composer.body.wait_for()
         return composer
@@ -684,7 +477,7 @@ class OutlookWeb:
         read from its source; None while the copy does not show yet (the message went out:
         nothing here may fail the send)."""
         try:
-            raw = await self._sent_source(rest_id)
+            raw = await self._sent_source(rest_id, self._source)
         except (ProviderError, PlaywrightError):  # a sign-in, a page that stopped answering
             return None
         ids = rfc822.header_ids(rfc822.parse(raw), "Message-ID")
@@ -711,32 +504,13 @@ class OutlookWeb:
             for address in wanted:
                 await composer.field(name).fill(address)
                 await composer.field(name).press("Enter")
-        shown = _lists(await _chips(composer, "to"), await _chips(composer, "cc"))
+        shown = lists(await _chips(composer, "to"), await _chips(composer, "cc"))
         problems = check_handover(handover.model_copy(update={"recipients": shown}))
         if problems:
-            await _discard(composer, self._browser.timeout_ms)
+            await discard(composer.discard, self._browser.timeout_ms)
             raise NotHandedOver(
                 "Outlook's recipient chips are not the plan (nothing sent): " + "; ".join(problems)
             )
-
-    async def _press_send(self, composer: Composer) -> dict[str, Any]:
-        """Send pressed once and the app's answer read: refused for want of a session
-        (``_SignedOut``, nothing went out), refused outright (``NotHandedOver``), or anything
-        that may have sent it (a lost or unreadable answer, a draft already gone) is
-        ``OutcomeUnknown``: settled from Sent Items, never sent again blind."""
-        page = composer.root.page
-        try:
-            async with page.expect_response(_is_send) as answered:
-                await composer.send.click()
-            response: Response = await answered.value
-        except PlaywrightError as exc:
-            raise OutcomeUnknown(
-                f"Outlook's answer to Send was lost ({type(exc).__name__})"
-            ) from None
-        if response.status == 401:
-            raise _SignedOut
-        answer = await _json_of(response) if response.status == 200 else None
-        return sent_answer(response.status, answer)
 
     async def _find_sent(self, marker: Marker) -> StoredCopy | None:
         """Our copy in Sent Items: the item whose block of what we wrote carries the send's
@@ -754,7 +528,7 @@ class OutlookWeb:
 
         def ours(raw: bytes, rest_id: str) -> StoredCopy | None:
             copy = _ours(_stored_copy(raw, rest_id))
-            return copy if _carries(copy.html or "", wanted) else None
+            return copy if carries(copy.html or "", wanted, "x_") else None
 
         return await self._search_sent(conversation, ours)
 
@@ -780,7 +554,7 @@ class OutlookWeb:
         others = [row for row in rows if row not in named]
         for row in [*named, *others][:SENT_SCAN]:
             for item in await self._sent_of(row):
-                copy = ours(await self._sent_source(item.rest_id), item.rest_id)
+                copy = ours(await self._sent_source(item.rest_id, self._source), item.rest_id)
                 if copy is not None:
                     return copy
         if await self._listed_whole("sentitems", len(rows)):
@@ -790,25 +564,6 @@ class OutlookWeb:
             "of Sent Items, and Outlook on the web lists more (or may): its absence is not "
             "proven; it is settled through another channel or by a person"
         )
-
-    async def _health(self) -> ProviderHealth:
-        try:
-            shown = await self._open("inbox")
-            await shown.account.wait_for()
-        except (SignInFailed, TransientFailure) as exc:
-            return ProviderHealth(
-                provider=PROVIDER, mailbox_id=self._mailbox_id, ok=False, detail=str(exc)
-            )
-        return ProviderHealth(
-            provider=PROVIDER,
-            mailbox_id=self._mailbox_id,
-            ok=True,
-            detail=f"Outlook on the web shows mailbox {self._mailbox_id}",
-        )
-
-    async def aclose(self) -> None:
-        self._page = None
-        await self._browser.aclose()
 
 
 def _marker(message: OutgoingMessage, conversation: str) -> Marker:
@@ -834,95 +589,19 @@ def _stored_copy(raw: bytes, rest_id: str) -> StoredCopy:
     )
 
 
-def _carries(markup: str, token: str) -> bool:
-    """Whether a stored body's block of ours has the send's token as its class (Exchange
-    prefixes the classes of what it shows with ``x_``)."""
-    return re.search(rf'class="(?:x_)?{re.escape(token)}"', markup) is not None
-
-
-def _wrapped(message: OutgoingMessage) -> str:
-    """What is inserted into the editor: the rendered HTML in a block whose class is the
-    send's token (the marker)."""
-    token = mime.send_token(message.internet_message_id)
-    return f'<div class="{token}">{_html_of(message)}</div>'
-
-
-async def _as_planned(composer: Composer, message: OutgoingMessage) -> bool:
-    """Whether a reopened draft holds what the send planned: the text of our block as the
-    page's own parser reads the planned HTML, and the planned files by name."""
-    same_text = await composer.body.evaluate(
-        """(el, [token, markup]) => {
-            const block = el.querySelector('.' + CSS.escape(token));
-            const planned = document.createElement('div');
-            planned.innerHTML = markup;
-            return block !== null && block.textContent === planned.textContent;
-        }""",
-        [mime.send_token(message.internet_message_id), _wrapped(message)],
-    )
-    names = await composer.attached.evaluate_all(
-        "els => els.map(e => e.getAttribute('aria-label'))"
-    )
-    return bool(same_text) and sorted(names) == sorted(f.ref.name for f in message.attachments)
-
-
-def _what(exc: PlaywrightError) -> str:
-    """A Playwright error in a line: its kind and first line (never its call log)."""
-    first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-    return f"{type(exc).__name__}: {first[:160]}"
-
-
 def _folder_of(path: str) -> str:
     parts = urlsplit(path).path.split("/")
     return parts[parts.index("id") - 1] if "id" in parts[1:] else "inbox"
 
 
 def sent_answer(status: int, answer: object) -> dict[str, Any]:
-    """What Outlook's answer to Send (its status, and its JSON when it is 200) says: the
-    sent message's ids; else ``NotHandedOver`` for the app's refusals of a message as it is,
-    ``AccessRefused`` for 403, ``OutcomeUnknown`` for anything else (a draft gone, a 5xx,
-    429, an answer that cannot be read): it may have gone out."""
-    if status == 404:  # the draft is gone: sent (perhaps by this very press) or discarded
-        raise OutcomeUnknown("Outlook no longer has the draft Send was pressed on")
-    if status == 403:
-        raise AccessRefused(f"Outlook refused to send for this account (HTTP {status})")
-    if status in REFUSALS:
-        raise NotHandedOver(f"Outlook refused the message (HTTP {status}); nothing was sent")
-    if status != 200 or not isinstance(answer, dict) or not answer.get("sent"):  # pyright: ignore[reportUnknownMemberType]
-        raise OutcomeUnknown(f"Outlook's answer to Send could not be read (HTTP {status})")
-    return dict(answer)  # pyright: ignore[reportUnknownArgumentType]
-
-
-async def _json_of(response: Response) -> object:
-    try:
-        return await response.json()
-    except (PlaywrightError, ValueError):
-        return None
-
-
-async def _discard(composer: Composer, timeout_ms: float) -> None:
-    """Discard what the composer holds and wait for the page the app goes to after it (so
-    no later navigation of ours races the app's); a page that stops answering within
-    ``timeout_ms`` is left as it is."""
-    try:
-        async with composer.root.page.expect_navigation(timeout=timeout_ms):
-            await composer.discard.click(timeout=timeout_ms)
-    except PlaywrightError:
-        return
+    """What Outlook's answer to Send says (``webmail.send_answer``)."""
+    return send_answer("Outlook", status, answer)
 
 
 async def _discard_stuck(composer: Composer) -> None:
     """Discard the draft of a composer that stopped answering, if it still can (briefly)."""
-    await _discard(composer, DISCARD_MS)
-
-
-async def _goto(page: Page, url: str) -> None:
-    """Go to ``url``; once more when a navigation the app started itself aborted ours."""
-    try:
-        await page.goto(url)
-    except PlaywrightError as exc:
-        if "ERR_ABORTED" not in str(exc) and "interrupted by another navigation" not in str(exc):
-            raise
-        await page.goto(url)
+    await discard(composer.discard, DISCARD_MS)
 
 
 async def _row_values(shown: MailPage) -> list[tuple[str, str, str]]:
@@ -938,30 +617,13 @@ def _is_send(response: Response) -> bool:
     return response.request.method == "POST" and response.url.endswith("/_api/send")
 
 
-def _lists(to: Sequence[str], cc: Sequence[str]) -> tuple[tuple[str, tuple[str, ...]], ...]:
-    return (("to", tuple(to)), ("cc", tuple(cc)))
-
-
 async def _chips(composer: Composer, name: str) -> list[str]:
     return await composer.chips(name).evaluate_all("els => els.map(e => e.dataset.address)")
 
 
-def _html_of(message: OutgoingMessage) -> str:
-    if message.html is not None:
-        return message.html
-    lines = "".join(
-        f"<div>{html.escape(line) or '<br>'}</div>" for line in message.text.split("\n")
-    )
-    return f'<div dir="ltr">{lines}</div>'
-
-
 async def _insert_html(composer: Composer, markup: str) -> None:
-    """The rendered HTML inserted as HTML (the editor's insertHTML), never typed."""
-    await composer.body.click()
-    await composer.body.evaluate(
-        "(el, markup) => { el.focus(); document.execCommand('insertHTML', false, markup); }",
-        markup,
-    )
+    """The rendered HTML inserted into the editor as HTML, never typed."""
+    await insert_html(composer.body, markup)
 
 
 def _ours(copy: StoredCopy) -> StoredCopy:
