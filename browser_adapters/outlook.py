@@ -75,6 +75,7 @@ from browser_adapters.webmail import (
     insert_html,
     lists,
     send_answer,
+    stored_copy,
     what,
     wrapped,
 )
@@ -527,7 +528,7 @@ class OutlookWeb(WebMail):
         conversation, _, wanted = marker.value.removeprefix(MARKER_PREFIX).rpartition(":")
 
         def ours(raw: bytes, rest_id: str) -> StoredCopy | None:
-            copy = _ours(_stored_copy(raw, rest_id))
+            copy = _ours(stored_copy(raw, rest_id))
             return copy if carries(copy.html or "", wanted, "x_") else None
 
         return await self._search_sent(conversation, ours)
@@ -539,7 +540,7 @@ class OutlookWeb(WebMail):
         def ours(raw: bytes, rest_id: str) -> StoredCopy | None:
             if rfc822.header_ids(rfc822.parse(raw), "Message-ID")[:1] != (message_id,):
                 return None
-            return _ours(_stored_copy(raw, rest_id))
+            return _ours(stored_copy(raw, rest_id))
 
         return await self._search_sent("", ours)
 
@@ -573,20 +574,6 @@ def _marker(message: OutgoingMessage, conversation: str) -> Marker:
     sets neither our Message-ID nor a header of ours; the class is kept, unseen)."""
     token = mime.send_token(message.internet_message_id)
     return Marker(kind=MarkerKind.NATIVE, value=f"{MARKER_PREFIX}{conversation}:{token}")
-
-
-def _stored_copy(raw: bytes, rest_id: str) -> StoredCopy:
-    """A sent copy as read back, its thread named as the core names threads (the message
-    its References name first, else the one it answers, else itself)."""
-    parsed = rfc822.parse(raw)
-    references = rfc822.header_ids(parsed, "References")
-    answers = rfc822.header_ids(parsed, "In-Reply-To")
-    first = references[0] if references else next(iter(answers), None)
-    own = rfc822.header_ids(parsed, "Message-ID")
-    thread = thread_alias(first or next(iter(own), rest_id))
-    return rfc822.stored_copy(
-        raw, provider_message_id=rest_id, provider_thread_id=thread, delivered=True
-    )
 
 
 def _folder_of(path: str) -> str:

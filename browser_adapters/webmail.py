@@ -26,6 +26,7 @@ from typing import Any, ClassVar
 from playwright.async_api import Error as PlaywrightError
 from playwright.async_api import Locator, Page, Response
 
+from agent.domain.envelope import thread_alias
 from agent.domain.errors import (
     AccessRefused,
     AuthChallengeUnresolved,
@@ -49,7 +50,7 @@ from agent.domain.mail import (
     SendResult,
     StoredCopy,
 )
-from agent.providers import mime
+from agent.providers import mime, rfc822
 from browser_adapters.session import MailboxBrowser
 from managed_login.flow import LoginReport, PageByPage, Step, WorkerSignIn
 
@@ -426,6 +427,20 @@ def send_answer(app: str, status: int, answer: object) -> dict[str, Any]:
     if status != 200 or not isinstance(answer, dict) or not answer.get("sent"):  # pyright: ignore[reportUnknownMemberType]
         raise OutcomeUnknown(f"{app}'s answer to Send could not be read (HTTP {status})")
     return dict(answer)  # pyright: ignore[reportUnknownArgumentType]
+
+
+def stored_copy(raw: bytes, ref: str) -> StoredCopy:
+    """A sent copy as read back, its thread named as the core names threads (the message
+    its References name first, else the one it answers, else itself)."""
+    parsed = rfc822.parse(raw)
+    references = rfc822.header_ids(parsed, "References")
+    answers = rfc822.header_ids(parsed, "In-Reply-To")
+    first = references[0] if references else next(iter(answers), None)
+    own = rfc822.header_ids(parsed, "Message-ID")
+    thread = thread_alias(first or next(iter(own), ref))
+    return rfc822.stored_copy(
+        raw, provider_message_id=ref, provider_thread_id=thread, delivered=True
+    )
 
 
 def what(exc: PlaywrightError) -> str:

@@ -4,10 +4,12 @@ web in headless Chromium: what the Outlook Web adapter's tests share."""
 from __future__ import annotations
 
 import base64
+import email
+import email.policy
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 
@@ -43,9 +45,11 @@ class OutlookAccount:
     """Create the account (False: another part of the test made it)."""
     browsers: list[Browsers] = field(default_factory=list[Browsers])
 
+    PROVIDER: ClassVar[str] = "microsoft"
+
     def __post_init__(self) -> None:
         if self.create:
-            self.admin.account(self.address, "microsoft")
+            self.admin.account(self.address, self.PROVIDER)
         self.password = self.password or "pw-" + self.address
 
     def worker(self) -> WorkerSignIn:
@@ -87,16 +91,27 @@ class OutlookAccount:
 
     def sent_copies(self, message_id: str) -> int:
         """Sent copies of the send of ``message_id`` through any channel of the mailbox:
-        those carrying its Message-ID (Graph's) or its token (ours through the web), and
-        every copy of the account the mock still delays (it lists those by id only)."""
-        token = mime.send_token(message_id).encode()
-        header = f"Message-ID: {message_id}".encode().lower()
-        filed = 0
-        for stored in self.stored("sent"):
-            raw = base64.b64decode(stored["raw_base64"])
-            filed += token in raw or header in raw.lower()
+        those carrying its Message-ID (an API's) or its token (ours through the web, in a
+        header or in the decoded HTML), and every copy of the account the mock still delays
+        (it lists those by id only)."""
+        token = mime.send_token(message_id)
+        filed = sum(
+            _carries(base64.b64decode(stored["raw_base64"]), message_id, token)
+            for stored in self.stored("sent")
+        )
         pending = self.admin.call("GET", "/_admin/faults")["delayed"]
         return filed + sum(1 for p in pending if p["account"] == self.address)
+
+
+def _carries(raw: bytes, message_id: str, token: str) -> bool:
+    parsed = email.message_from_bytes(raw, policy=email.policy.default)
+    if str(parsed.get("Message-ID", "")).strip() == message_id or token.encode() in raw:
+        return True
+    return any(
+        token in str(part.get_content())
+        for part in parsed.walk()
+        if part.get_content_maintype() == "text"
+    )
 
 
 Insert = Callable[[Composer, str], Awaitable[None]]
