@@ -32,8 +32,8 @@ from agent.storage.backend import DATABASE_URL_SETTING, open_store
 from managed_login import vault
 
 if TYPE_CHECKING:
-    from browser_adapters.outlook import OutlookWeb
     from browser_adapters.session import Browsers
+    from browser_adapters.webmail import WebMail
 
 DATA_DIR_ENV = "OUTLOOP_DATA_DIR"
 XDG_DATA_HOME_ENV = "XDG_DATA_HOME"
@@ -356,7 +356,7 @@ class Providers:
             f"{binding.provider!r} through channel {channel}; this version has the embedded "
             "'maildir' (local files, with a path), 'imap' (an IMAP and SMTP server), the APIs "
             "of 'google' (Gmail) and 'microsoft' (Graph), a provider MCP server of a "
-            "'microsoft' mailbox, and Outlook on the web for a 'microsoft' mailbox"
+            "'microsoft' mailbox, and the web apps of both (Gmail, Outlook on the web)"
         )
 
     def _provider_mcp(self, workspace_id: str, binding: MailboxBinding) -> MailProvider:
@@ -390,7 +390,7 @@ class Providers:
 
     def browser(
         self, workspace_id: str, binding: MailboxBinding, *, person_seconds: float | None = None
-    ) -> OutlookWeb:
+    ) -> WebMail:
         """The mailbox's browser channel (``outloop login``): ``person_seconds`` is how long a
         person has to complete a challenge in a visible browser."""
         if Channel.BROWSER not in binding.permitted_channels:
@@ -407,7 +407,7 @@ class Providers:
 
     def _browser(
         self, workspace_id: str, binding: MailboxBinding, person_seconds: float | None = None
-    ) -> OutlookWeb:
+    ) -> WebMail:
         """The provider's web app in this process's browser; the worker's password and
         authenticator secret are read from the vault when a login needs them (a missing
         one fails here, named)."""
@@ -415,11 +415,13 @@ class Providers:
         for name in (access.password, access.totp):
             self._secret(workspace_id, binding, name)
         # Imported when first needed: a station that never opens a browser never loads it.
+        from browser_adapters.gmail import open_gmail_web  # noqa: PLC0415
         from browser_adapters.outlook import open_outlook_web  # noqa: PLC0415
 
         if self._browsers is None:
             self._browsers = browser_pool(self._settings)
-        return open_outlook_web(
+        opened = open_outlook_web if WEB_APPS[binding.provider] == "outlook" else open_gmail_web
+        return opened(
             self._browsers,
             workspace_id,
             binding,
@@ -477,8 +479,8 @@ def _digest(binding: MailboxBinding) -> str:
     return hashlib.sha256(binding.model_dump_json().encode()).hexdigest()[:16]
 
 
-WEB_APPS = ("microsoft",)
-"""The mail systems whose own web app this version drives (Outlook on the web)."""
+WEB_APPS = {"microsoft": "outlook", "google": "gmail"}
+"""The mail systems whose own web app this version drives: Outlook on the web, Gmail."""
 
 
 def browser_pool(settings: Settings) -> Browsers:

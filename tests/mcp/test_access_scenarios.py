@@ -64,8 +64,9 @@ CLOSED_PORT_URL = "http://127.0.0.1:9/graph/v1.0"
 
 
 class RoutedStation(ApiStation):
-    """A Microsoft mailbox whose context lists its permitted channels and names the provider
-    MCP server (its bearer token in the vault as ``mcp_token``)."""
+    """A mailbox (Microsoft's unless ``kind`` says) whose context lists its permitted
+    channels and names the provider MCP server (its bearer token in the vault as
+    ``mcp_token``)."""
 
     channels: str = "[api, provider_mcp, browser]"
     mcp: bool = True
@@ -73,7 +74,7 @@ class RoutedStation(ApiStation):
     reads_after_refusal: bool = False
 
     def context(self) -> str:
-        base, token = (self.admin.base_url + path for path in ENDPOINTS["microsoft"])
+        base, token = (self.admin.base_url + path for path in ENDPOINTS[self.kind])
         fields = [
             f"channels: {self.channels}",
             f"api: {{base_url: '{self.api_base or base}', token_url: '{token}'}}",
@@ -86,7 +87,7 @@ class RoutedStation(ApiStation):
         text = context_yaml(
             self.workspace_id,
             mailbox=self.mailbox,
-            provider="microsoft",
+            provider=self.kind,
             mailbox_fields=", ".join(fields),
         )
         return text.replace("contacts:\n", "contacts:\n" + COLLEAGUE_LINE, 1)
@@ -138,22 +139,23 @@ def routed_station(
     *,
     scopes: list[str] | None = None,
     kind: type[RoutedStation] = RoutedStation,
+    provider: str = "microsoft",
     **fields: Any,
 ) -> tuple[RoutedStation, dict[str, Any]]:
-    """A registered workspace whose Microsoft mailbox is a new account of the session's
-    mock (``scopes``: the OAuth scopes its app holds), with ``fields`` set on the station
-    before its context is written."""
+    """A registered workspace whose mailbox (of ``provider``) is a new account of the
+    session's mock (``scopes``: the OAuth scopes its app holds), with ``fields`` set on the
+    station before its context is written."""
     admin = session_mock()
     ensure_people(admin)
     mailbox = f"ops-{uuid.uuid4().hex[:10]}@fabrikam.test"
     extra = {"scopes": scopes} if scopes is not None else {}
-    account = admin.account(mailbox, "microsoft", **extra)
+    account = admin.account(mailbox, provider, **extra)
     station = kind(
         root=tmp_path / "station",
         clock=MailServerTime(),
         workspace_id=WORKSPACE,
         admin=admin,
-        kind="microsoft",
+        kind=provider,
         mailbox=mailbox,
     )
     for name, value in fields.items():

@@ -1,7 +1,7 @@
-"""Seed 000 section 12 acceptance scenarios 8-11 with the browser, through the MCP server:
-a Microsoft mailbox of the session's mock providers whose last permitted channel is
-Outlook on the web (the mock web app, in headless Chromium), signed in by managed login
-with the worker's password and authenticator secret from the vault.
+"""Seed 000 section 12 acceptance scenarios with the browser, through the MCP server: a
+mailbox of the session's mock providers whose last permitted channel is its mail system's
+web app (Outlook on the web, Gmail; the mock web apps in headless Chromium), signed in by
+managed login with the worker's password and authenticator secret from the vault.
 
 - 9: Outlook without Graph: the context does not permit Graph; the provider MCP server is
   evaluated (no token for it: a gap, recorded), then Outlook on the web does the whole
@@ -15,6 +15,9 @@ with the worker's password and authenticator secret from the vault.
   reads go on where the context authorizes them.
 - A send Graph lost the answer to is settled from Graph's copy, found through Outlook on
   the web, before the browser may send it.
+- Gmail on the web (a Google mailbox, browser only): 6, an approved Hebrew reply in the
+  client's Gmail thread, read back; 7, Hebrew and English kept through Gmail's stored and
+  delivered copies; 10, as above; 13, reading marks, labels and moves nothing.
 """
 
 from __future__ import annotations
@@ -26,9 +29,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from selectolax.lexbor import LexborHTMLParser
 
 from agent.services import workspaces
-from browser_adapters import outlook
+from browser_adapters import gmail, outlook
 from managed_login.totp import Codes
 from mcp_server.composition import Settings
 from tests.browser import chromium_executable
@@ -37,6 +41,8 @@ from tests.conftest import session_mock
 from tests.mcp.conftest import (
     APPROVER,
     CLIENT,
+    READ_BACK_CHECKS,
+    by_name,
     call,
     intake_and_claim,
     read_back_the_client_reply,
@@ -47,20 +53,28 @@ from tests.mcp.conftest import (
 from tests.mcp.test_access_scenarios import MCP_ENDPOINT, RoutedStation, routed_station
 from tests.mcp.test_api_scenarios import (
     approve_by_reply,
+    assert_kept_html,
     parsed,
     request_approval,
 )
 from tests.mcp.test_imap_scenarios import CLIENT_NAME
-from tests.mcp.test_scenarios import HEBREW_BODY, HEBREW_SUBJECT
+from tests.mcp.test_scenarios import (
+    HEBREW_BODY,
+    HEBREW_SUBJECT,
+    drafted_in_hebrew_and_english,
+    part,
+)
 
 pytestmark = pytest.mark.anyio
 
 WORKSPACE = "ws-test-0001"
+WEB_APPS = {"microsoft": "/web/outlook/mail/", "google": "/web/gmail/mail/u/0/"}
+"""Each mail system's web app on the mock."""
 
 
 @dataclass(kw_only=True)
 class BrowserStation(RoutedStation):
-    """``RoutedStation`` whose mailbox also permits Outlook on the web."""
+    """``RoutedStation`` whose mailbox also permits its mail system's web app."""
 
     @property
     def settings(self) -> Settings:
@@ -71,7 +85,7 @@ class BrowserStation(RoutedStation):
         )
 
     def context(self) -> str:
-        url = f"{self.admin.base_url}/web/outlook/mail/"
+        url = f"{self.admin.base_url}{WEB_APPS[self.kind]}"
         return (
             super()
             .context()
@@ -97,16 +111,27 @@ def codes_clock(monkeypatch: pytest.MonkeyPatch) -> Iterator[WebClock]:
     """The TOTP clock of the mock and of the worker's codes, driven by the test."""
     admin = session_mock()
     clock = WebClock(admin)
-    monkeypatch.setattr(outlook, "Codes", partial(Codes, clock=clock, sleep=clock.sleep))
+    for app in (outlook, gmail):
+        monkeypatch.setattr(app, "Codes", partial(Codes, clock=clock, sleep=clock.sleep))
     yield clock
     admin.clear_faults()
 
 
 def _station(
-    tmp_path: Path, channels: str, *, scopes: list[str] | None = None, **fields: Any
+    tmp_path: Path,
+    channels: str,
+    *,
+    scopes: list[str] | None = None,
+    provider: str = "microsoft",
+    **fields: Any,
 ) -> tuple[BrowserStation, dict[str, Any]]:
     station, account = routed_station(
-        tmp_path, scopes=scopes, kind=BrowserStation, channels=channels, **fields
+        tmp_path,
+        scopes=scopes,
+        kind=BrowserStation,
+        provider=provider,
+        channels=channels,
+        **fields,
     )
     assert isinstance(station, BrowserStation)
     station.worker_secrets()
@@ -186,11 +211,12 @@ async def test_scenario_09_outlook_without_graph_goes_past_the_provider_mcp_serv
     assert station.inbox_state() == station.inbox  # nothing read was marked, moved or labelled
 
 
+@pytest.mark.parametrize("provider", ["microsoft", "google"], ids=["outlook_web", "gmail_web"])
 async def test_scenario_10_a_logged_out_browser_signs_in_re_verifies_and_resumes_with_no_human_task(
-    tmp_path: Path, codes_clock: WebClock
+    tmp_path: Path, codes_clock: WebClock, provider: str
 ) -> None:
     del codes_clock
-    station, _ = _station(tmp_path, "[browser]")
+    station, _ = _station(tmp_path, "[browser]", provider=provider)
     assert station.sessions() == []  # logged out: no session kept yet
     request_id = station.deliver(sender=CLIENT, subject="Quote request")
     async with station.client() as client:
@@ -368,3 +394,117 @@ async def test_an_approval_request_whose_answer_was_lost_is_settled_from_its_cop
         for reconciliation in await reconcile_all(client, scanned):
             assert reconciliation["clean"], reconciliation
         await approve_by_reply(station, client, [request])
+
+
+# -- Gmail on the web: scenarios 6, 7 and 13 ---------------------------------------------------
+
+
+def _written(html: str) -> str:
+    """What was written, as Gmail keeps it in its own ``div dir="ltr"`` (its composer's
+    direction): our block, whose wrapper says the message's direction and language."""
+    ours = LexborHTMLParser(html).css_first('div[dir="ltr"] > [class^="outloop-"]')
+    assert ours is not None, html
+    return ours.html or ""
+
+
+def _reply_to_client(station: BrowserStation, request_id: str) -> dict[str, Any]:
+    """Our one sent copy answering the client's message ``request_id``."""
+    [stored] = [
+        m for m in station.stored("sent")
+        if parsed(m)["To"] == CLIENT and parsed(m)["In-Reply-To"] == request_id
+    ]  # fmt: skip
+    return stored
+
+
+async def test_scenario_06_an_approved_reply_through_gmail_on_the_web_stays_in_the_clients_thread_and_is_read_back(
+    tmp_path: Path, codes_clock: WebClock
+) -> None:
+    del codes_clock
+    station, _ = _station(tmp_path, "[browser]", provider="google")
+    request_id = station.deliver_hebrew_request(sender_name=CLIENT_NAME)
+    async with station.client() as client:
+        scanned, [claim] = await intake_and_claim(client, station.mailbox)
+        assert claim["outcome"] == "CLAIMED" and claim["task_created"] is True
+        task_id = claim["task_id"]
+        await to_draft_ready(client, task_id)
+        draft = await call(
+            client, "render", task_id=task_id, body_markdown=HEBREW_BODY, language="he"
+        )
+        request = await request_approval(station, client, task_id, draft["draft_id"])
+        for reconciliation in await reconcile_all(client, scanned):
+            assert reconciliation["clean"], reconciliation
+        await approve_by_reply(station, client, [request])
+        sent = await _send_through_browser(station, client, task_id, draft["draft_id"])
+        await read_back_the_client_reply(client, task_id, sent)
+
+        replay, replayed = await intake_and_claim(client, station.mailbox, from_start=True)
+        assert [c["outcome"] for c in replayed] == ["EXECUTION_ALREADY_DONE"] * 2
+        [reconciliation] = await reconcile_all(client, replay)
+        assert reconciliation["clean"] and reconciliation["claim_race"] == 2
+
+    stored = _reply_to_client(station, request_id)
+    assert stored["thread_id"] == station.thread_of(request_id)  # Gmail's own thread
+    assert stored["id"] == sent["provider_message_id"]
+    delivered = parsed(stored)
+    assert str(delivered["Message-ID"]) == sent["internet_message_id"]  # the one Gmail gave
+    assert str(delivered["References"]).split() == [request_id]
+    assert delivered["Subject"] == f"Re: {HEBREW_SUBJECT}"
+    assert [m for m in station.stored("inbox", CLIENT) if parsed(m)["In-Reply-To"] == request_id]
+    assert len(station.stored("inbox", CLIENT)) == 2  # the reply once, and nothing else
+    assert station.inbox_state() == station.inbox  # nothing read was marked or labelled
+
+
+async def test_scenario_07_hebrew_rtl_and_english_ltr_survive_read_back_through_gmail_on_the_web_with_isolated_fragments(
+    tmp_path: Path, codes_clock: WebClock
+) -> None:
+    del codes_clock
+    station, _ = _station(tmp_path, "[browser]", provider="google")
+    hebrew_request = station.deliver_hebrew_request()
+    english_request = station.deliver(sender=CLIENT, body="Hi, may I have a quote?")
+    async with station.client() as client:
+        scanned, claims = await intake_and_claim(client, station.mailbox)
+        by_subject = {c["message"]["subject"]["text"]: c["task_id"] for c in claims}
+        hebrew_task, english_task = by_subject[HEBREW_SUBJECT], by_subject["Quote request"]
+        drafts, requests = await drafted_in_hebrew_and_english(
+            client, hebrew_task, english_task, partial(request_approval, station, client)
+        )
+        for reconciliation in await reconcile_all(client, scanned):
+            assert reconciliation["clean"], reconciliation
+        await approve_by_reply(station, client, requests)
+        for task_id, draft in drafts.items():
+            sent = await _send_through_browser(station, client, task_id, draft["draft_id"])
+            read_back = await call(client, "read_back", send_id=sent["send_id"])
+            checks = by_name(read_back)
+            assert read_back["ok"] is True and set(checks) == READ_BACK_CHECKS, read_back
+            assert all(c["ok"] for c in checks.values()), checks
+
+    for request, language in ((hebrew_request, "he"), (english_request, "en")):
+        stored = _reply_to_client(station, request)
+        assert stored["thread_id"] == station.thread_of(request)
+        assert_kept_html(_written(stored["html"]), language)  # as Gmail keeps it
+        [received] = [
+            m for m in station.stored("inbox", CLIENT) if parsed(m)["In-Reply-To"] == request
+        ]
+        assert_kept_html(_written(part(parsed(received), "html")), language)  # as delivered
+
+
+async def test_scenario_13_gmail_on_the_web_reads_the_mailbox_without_marking_labelling_or_moving_anything(
+    tmp_path: Path, codes_clock: WebClock
+) -> None:
+    """What the run knows of an item is the store's, never the mailbox's read flags or
+    labels: reading through Gmail's page leaves every message unread and where it was, and a
+    second read takes nothing in again."""
+    del codes_clock
+    station, _ = _station(tmp_path, "[browser]", provider="google")
+    station.deliver(sender=CLIENT, subject="Quote request")
+    station.deliver(sender=APPROVER, subject="Another question")
+    assert all(not state[3] for state in station.inbox.values())  # both unread
+    async with station.client() as client:
+        scanned, claims = await intake_and_claim(client, station.mailbox)
+        assert [c["outcome"] for c in claims] == ["CLAIMED", "CLAIMED"]
+        for reconciliation in await reconcile_all(client, scanned):
+            assert reconciliation["clean"], reconciliation
+        again = await call(client, "intake", mailbox_id=station.mailbox)
+        assert again["items"] == []  # the channel's cursor, not an unread flag
+        await reconcile_all(client, again)
+    assert station.inbox_state() == station.inbox
