@@ -1,5 +1,6 @@
-"""What the Outlook on the web tests share: each module's own mock server (the account is
-its ``MAILBOX``, reset for every test) and the account's adapters, closed after the test.
+"""What the web app adapters' tests share: each module's own mock server (the account is
+its ``MAILBOX``, reset for every test; a Microsoft one unless its ``ACCOUNT`` is
+``GmailAccount``) and the account's adapters, closed after the test.
 
 A module's tests start signed in from the session the test before left (one managed login
 per module), unless the module is about signing in (``STARTS_SIGNED_OUT = True``)."""
@@ -45,7 +46,8 @@ async def account(
     else:
         kept_sessions.reset(admin, tmp_path / "browser")
     mailbox: str = request.module.MAILBOX
-    found = OutlookAccount(admin, mailbox, tmp_path / "browser", WebClock(admin))
+    kind: type[OutlookAccount] = getattr(request.module, "ACCOUNT", OutlookAccount)
+    found = kind(admin, mailbox, tmp_path / "browser", WebClock(admin))
     yield found
     await found.aclose()
     if not signed_out:
