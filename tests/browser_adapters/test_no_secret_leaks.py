@@ -1,5 +1,6 @@
 """The worker's password, its authenticator secret and every code managed login generated
-reach nothing but the vault, through a whole browser run of the real composition.
+reach nothing but the vault, through a whole browser run of the real composition - for
+each web app (Outlook on the web with Microsoft's sign-in, Gmail with Google's).
 
 The run keeps everything it writes under one scan root: TMPDIR (Playwright's artifacts and
 Chromium's profile, which the driver makes there), HOME and the XDG directories (Chromium's
@@ -70,7 +71,7 @@ from agent.testing.leaks import (
     scan_text,
     scan_tree,
 )
-from browser_adapters import outlook
+from browser_adapters import gmail, outlook
 from browser_adapters.session import Browsers
 from fixtures.admin import MockAdmin
 from managed_login.totp import STEP_SECONDS, Codes
@@ -126,6 +127,23 @@ class Recorder(logging.Handler):
         )
 
 
+@dataclass(frozen=True)
+class WebApp:
+    """A mail system's web app on the mock: where it is, the challenge its sign-in meets
+    first, and its sign-in's host."""
+
+    provider: str
+    path: str
+    challenge: str
+    signin_host: str
+
+
+WEB_APPS = [
+    WebApp("microsoft", "/web/outlook/mail/", "approve_sign_in", "login.microsoftonline.com"),
+    WebApp("google", "/web/gmail/mail/u/0/", "verify_its_you", "accounts.google.com"),
+]
+
+
 @dataclass
 class Run:
     """The scan root, the station's settings and what the run kept to be scanned."""
@@ -137,6 +155,7 @@ class Run:
     password: Canary
     seed: str
     clock: WebClock
+    web: WebApp
     codes: list[str] = field(default_factory=list[str])
     texts: list[tuple[str, str]] = field(default_factory=list[tuple[str, str]])
     pools: list[Browsers] = field(default_factory=list[Browsers])
@@ -174,14 +193,18 @@ class Run:
         return SqliteStore(workspaces.DataDir(self.settings.data_dir).database)
 
 
-@pytest.fixture
+@pytest.fixture(params=WEB_APPS, ids=[f"{w.provider}_web" for w in WEB_APPS])
 async def run(
-    tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch, anyio_backend: str
+    tmp_path_factory: pytest.TempPathFactory,
+    monkeypatch: pytest.MonkeyPatch,
+    request: pytest.FixtureRequest,
+    anyio_backend: str,
 ) -> AsyncIterator[Run]:
     """A scan root holding everything the run writes, the environment pointing there, a
-    workspace whose Microsoft mailbox permits only the browser channel, and the worker's
-    password (a canary) and a fresh authenticator secret in its plain vault."""
+    workspace whose mailbox (Microsoft's, Google's) permits only the browser channel, and
+    the worker's password (a canary) and a fresh authenticator secret in its plain vault."""
     del anyio_backend
+    web: WebApp = request.param
     admin = session_mock()  # the provider, started before the environment moves: not ours
     chromium = chromium_executable()
     # Short: Chromium's singleton socket lies in TMPDIR, and a socket's path is 107 bytes.
@@ -214,11 +237,12 @@ async def run(
     # ASCII only: the mock's sign-in refuses a non-ASCII password (see above).
     password, seed = Canary.plant(ascii_only=True), pyotp.random_base32(32)
     password.what = "the password"
-    admin.account(address, "microsoft", password=password.value, totp_secret=seed)
-    found = Run(root, admin, address, settings, password, seed, WebClock(admin))
+    admin.account(address, web.provider, password=password.value, totp_secret=seed)
+    found = Run(root, admin, address, settings, password, seed, WebClock(admin), web)
 
     codes = partial(RecordedCodes, given=found.codes, clock=found.clock, sleep=found.clock.sleep)
-    monkeypatch.setattr(outlook, "Codes", codes)
+    for app in (outlook, gmail):
+        monkeypatch.setattr(app, "Codes", codes)
     browser_pool = composition.browser_pool
 
     def kept_pool(settings: Settings) -> Browsers:
@@ -228,8 +252,8 @@ async def run(
     monkeypatch.setattr(composition, "browser_pool", kept_pool)
     _refuse_recordings(monkeypatch, found)
 
-    fields = f"channels: [browser], browser: {{url: '{admin.base_url}/web/outlook/mail/'}}"
-    text = context_yaml(WORKSPACE, mailbox=address, provider="microsoft", mailbox_fields=fields)
+    fields = f"channels: [browser], browser: {{url: '{admin.base_url}{web.path}'}}"
+    text = context_yaml(WORKSPACE, mailbox=address, provider=web.provider, mailbox_fields=fields)
     text = text.replace("approval: {roles: [approver], standing: []}", STANDING)
     source = root / "contexts" / f"{WORKSPACE}.yaml"
     source.parent.mkdir()
@@ -304,7 +328,7 @@ def _request(address: str) -> bytes:
 async def _challenged_login(run: Run) -> None:
     """``outloop login``'s path (``Providers.browser``): the sign-in meets a challenge after
     the password; the exception is kept."""
-    run.admin.faults(web_challenge="approve_sign_in")
+    run.admin.faults(web_challenge=run.web.challenge)
     station = composition.open_station(run.settings)
     try:
         [binding] = workspaces.load_context(station.store, WORKSPACE).mailboxes
@@ -315,7 +339,7 @@ async def _challenged_login(run: Run) -> None:
             with pytest.raises(AuthChallengeUnresolved) as stopped:
                 await channel.login()
             run.exception("the challenged login's exception", stopped.value)
-            assert stopped.value.challenge == "approve_sign_in", str(stopped.value)
+            assert stopped.value.challenge == run.web.challenge, str(stopped.value)
         finally:
             await channel.aclose()
             await providers.aclose()
@@ -374,12 +398,14 @@ async def _reply_through_the_browser(run: Run, tools: Tools) -> None:
         store.close()
     await tools.call("record_approval", task_id=task_id, standing_class="receipt-confirmation")
 
-    run.admin.faults(expire_web_sessions=True)  # signed out: the send signs in again
+    # Signed out: the send signs in again, asked for a code even on a remembered device.
+    run.admin.faults(expire_web_sessions=True, web_totp_again=True)
     sent = await tools.call("send", task_id=task_id, draft_id=draft["draft_id"], to=[CLIENT])
     assert sent["status"] == "sent" and sent["channel"] == "browser", sent
     checked = await tools.call("read_back", send_id=sent["send_id"])
-    # Exchange gives a message sent through Outlook on the web a Message-ID of its own:
-    # the read-back's message_id check is the browser channel's to settle, not this test's.
+    # Exchange and Gmail give a message sent through their web apps a Message-ID of their
+    # own: the read-back's message_id check is the browser channel's to settle, not this
+    # test's.
     failed = [c for c in checked["checks"] if not c["ok"] and c["name"] != "message_id"]
     assert failed == [], failed
     for run_id in scanned["run_ids"]:
@@ -393,8 +419,9 @@ async def _signed_in_pages_hold_no_secret(run: Run) -> None:
     browser = await pool.browser()
     [context] = browser.contexts
     for page in context.pages:
-        assert "login.microsoftonline.com" not in page.url, page.url
-        values = await page.locator("input[type=password], input[name=otc]").evaluate_all(
+        assert run.web.signin_host not in page.url, page.url
+        typed = "input[type=password], input[name=otc], input[autocomplete=one-time-code]"
+        values = await page.locator(typed).evaluate_all(
             "els => els.map(e => e.value)"
         )
         assert not any(values)
