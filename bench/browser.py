@@ -376,7 +376,7 @@ class Script:
 
 def inserted(message: OutgoingMessage) -> str:
     """What the adapter inserts into the editor: the rendered HTML in a block whose class
-    is the send's token (its marker), as ``browser_adapters.outlook._wrapped`` writes it."""
+    is the send's token (its marker), as ``browser_adapters.webmail.wrapped`` writes it."""
     return f'<div class="{mime.send_token(message.internet_message_id)}">{message.html}</div>'
 
 

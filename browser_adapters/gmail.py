@@ -32,61 +32,39 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
-from typing import Any
 from urllib.parse import urljoin, urlsplit
 
-from playwright.async_api import Error as PlaywrightError
-from playwright.async_api import Locator, Page, Response
+from playwright.async_api import Locator, Page
 
 from agent.domain.context import MailboxBinding
-from agent.domain.envelope import thread_alias
 from agent.domain.errors import (
     NotFound,
-    NotHandedOver,
     ProviderError,
     TransientFailure,
     Unsupported,
 )
-from agent.domain.handover import check_handover
 from agent.domain.mail import (
-    AttachmentData,
-    Capabilities,
     ChangePage,
-    Channel,
-    Handover,
     Marker,
     MarkerKind,
-    MessageBody,
     OutgoingMessage,
     ScannedMessage,
-    SendResult,
     StoredCopy,
 )
 from agent.domain.secrets import Secret
 from agent.providers import mime, rfc822
 from browser_adapters.gmail_pages import GmailComposer, GmailPage, OriginalPage
-from browser_adapters.session import Browsers, MailboxBrowser
+from browser_adapters.session import Browsers
 from browser_adapters.webmail import (
-    DISCARD_MS,
     Cursor,
-    SignedOut,
     WebMail,
-    as_planned,
     carries,
-    check_writable,
     digest,
-    discard,
     goto,
-    insert_html,
-    lists,
+    open_web_app,
     stored_copy,
-    what,
-    wrapped,
 )
-from managed_login.flow import WorkerSignIn
 from managed_login.google import GoogleLogin
-from managed_login.totp import Codes
 
 PROVIDER = "google"
 CURSOR_PREFIX = "gweb1."
@@ -120,44 +98,13 @@ class GmailWeb(WebMail):
     APP = "Gmail"
     LOGIN = GoogleLogin
     HOME = "#inbox"
+    SEARCHES = (MarkerKind.HEADER, MarkerKind.MESSAGE_ID)
+    MARKER_PREFIX = MARKER_PREFIX
 
-    def __init__(
-        self,
-        browser: MailboxBrowser,
-        mailbox_id: str,
-        app_url: str,
-        worker: Callable[[], WorkerSignIn],
-        *,
-        workspace_id: str,
-        account: str | None = None,
-        person_seconds: float | None = None,
-        page_size: int = 25,
-        sent_copy_latency: timedelta = timedelta(seconds=120),
-    ) -> None:
-        super().__init__(
-            browser,
-            mailbox_id,
-            app_url,
-            worker,
-            workspace_id=workspace_id,
-            account=account,
-            person_seconds=person_seconds,
-        )
+    def _setup(self) -> None:
         self._settings_checked = False
         self._by_message_id: dict[str, _Message] = {}
         self._indexed: set[str] = set()
-        self.capabilities_ = Capabilities(
-            channel=Channel.BROWSER,
-            native_threads=False,
-            markers=(MarkerKind.NATIVE,),
-            searches=(MarkerKind.HEADER, MarkerKind.MESSAGE_ID),
-            sent_copy_latency=sent_copy_latency,
-            page_size=page_size,
-        )
-
-    @property
-    def capabilities(self) -> Capabilities:
-        return self.capabilities_
 
     def _arrived(self, page: Page) -> Locator:
         return GmailPage(page).account
@@ -242,72 +189,41 @@ class GmailWeb(WebMail):
         return [_Message(mid, thread, sender.lower()) for mid, sender in found]
 
     async def _scanned(self, message: _Message) -> ScannedMessage:
-        raw = await self._source(message.id)
-
-        def thread(*_: object) -> str:
-            return message.thread
-
-        try:
-            envelope = rfc822.normalize(
-                raw,
-                provider=PROVIDER,
-                mailbox_id=self._mailbox_id,
-                provider_message_id=message.id,
-                thread_id_for=thread,
-                fallback_received_at=datetime.now(UTC),
-            )
-        except Exception as exc:  # a message the app shows but no parser reads
-            return ScannedMessage(item_ref=message.id, error=f"could not be normalized ({exc})")
+        scanned = self._scan(await self._source(message.id), message.id, message.thread)
         self._indexed.add(message.id)
-        if envelope.internet_message_id is not None:
-            self._by_message_id[envelope.internet_message_id] = message
-        return ScannedMessage(item_ref=message.id, envelope=envelope)
+        if scanned.envelope is not None and scanned.envelope.internet_message_id is not None:
+            self._by_message_id[scanned.envelope.internet_message_id] = message
+        return scanned
 
-    async def _source(self, message_id: str) -> bytes:
+    async def _source(self, ref: str) -> bytes:
         """A message's exact bytes: "Show original", then its "Download Original"."""
-        if not _ID.fullmatch(message_id):
-            raise NotFound(f"{message_id!r} is not a Gmail message id")
+        if not _ID.fullmatch(ref):
+            raise NotFound(f"{ref!r} is not a Gmail message id")
         if not self._verified:
             await self._open(self.HOME)  # whose session it is, checked where the app shows it
-        page = await self._open_page(f"?view=om&permmsgid=msg-f:{int(message_id, 16)}")
+        page = await self._open_page(f"?view=om&permmsgid=msg-f:{int(ref, 16)}")
         original = OriginalPage(page)
         await original.title.or_(original.missing).wait_for()
         if not await original.title.is_visible():
-            raise NotFound(f"mailbox {self._mailbox_id} shows no message {message_id!r}")
+            raise NotFound(f"mailbox {self._mailbox_id} shows no message {ref!r}")
         href = await original.download.get_attribute("href") or ""
         response = await page.request.get(urljoin(page.url, href))
         if response.status == 404:
-            raise NotFound(f"mailbox {self._mailbox_id} shows no message {message_id!r}")
+            raise NotFound(f"mailbox {self._mailbox_id} shows no message {ref!r}")
         if not response.ok or not self._in_app(response.url):
             raise TransientFailure(
                 f"mailbox {self._mailbox_id}: Gmail did not give the original of "
-                f"{message_id!r} (HTTP {response.status}); try again later"
+                f"{ref!r} (HTTP {response.status}); try again later"
             )
         return await response.body()
 
-    async def _fetch_body(self, body_ref: str) -> MessageBody:
-        return rfc822.body(await self._source(body_ref))
+    async def _parent_thread(self, message: OutgoingMessage) -> str:
+        return (await self._parent(message)).thread
 
-    async def _fetch_attachment(self, ref: str) -> AttachmentData:
-        message, _, index = ref.rpartition("/")
-        if not message or not index.isdigit():
-            raise NotFound(f"{ref!r} is not an attachment reference of this channel")
-        found = rfc822.attachments(await self._source(message), message)
-        if int(index) >= len(found):
-            raise NotFound(f"message {message!r} of mailbox {self._mailbox_id} has no file {index}")
-        return found[int(index)]
-
-    # -- sending -------------------------------------------------------------------------
-
-    async def _prepare(self, message: OutgoingMessage) -> Handover:
-        check_writable(message, self._mailbox_id, "Gmail", LARGEST)
-        parent = None if message.in_reply_to is None else await self._parent(message)
-        return Handover(
-            message=message,
-            channel=Channel.BROWSER.value,
-            recipients=lists([a.address for a in message.to], [a.address for a in message.cc]),
-            marker=_marker(message, parent.thread if parent else ""),
-        )
+    def _sent_thread(self, message: OutgoingMessage, given: str) -> str:
+        """The parent's Gmail thread, as the Gmail API channel reports it (else the
+        core's name for the thread)."""
+        return message.provider_thread_id or super()._sent_thread(message, given)
 
     async def _parent(self, message: OutgoingMessage) -> _Message:
         """The message the reply answers, by its Message-ID: known from this channel's
@@ -337,46 +253,6 @@ class GmailWeb(WebMail):
         if ids:
             self._by_message_id[ids[0]] = message
 
-    async def _send(self, handover: Handover) -> SendResult:
-        message = handover.message
-        answer = await self._written_and_sent(handover)
-        sent = str(answer["sent"])
-        given = await self._message_id_of(sent) or message.internet_message_id
-        first = message.references[0] if message.references else message.in_reply_to
-        return SendResult(
-            provider_message_id=sent,
-            provider_thread_id=message.provider_thread_id or thread_alias(first or given),
-            internet_message_id=given,
-            channel=Channel.BROWSER.value,
-            delivered=True,
-            accepted_at=datetime.now(UTC),
-        )
-
-    async def _written_and_sent(self, handover: Handover) -> dict[str, Any]:
-        """The reply written and Send pressed once; a page that stops answering before
-        Send is pressed sent nothing (what the app saved of it is discarded, now if the
-        page lets it, else before this channel writes the send again)."""
-        token = mime.send_token(handover.message.internet_message_id)
-        composer: GmailComposer | None = None
-        try:
-            if token in self._unsent:
-                await self._saved_draft(handover.message, keep=False)
-            composer = await self._composer(handover.message)
-            await self._write(composer, handover)
-        except PlaywrightError as exc:
-            self._unsent.add(token)
-            if composer is not None:
-                await discard(composer.discard, DISCARD_MS)
-            raise NotHandedOver(
-                f"mailbox {self._mailbox_id}: Gmail's composer did not answer ({what(exc)}); "
-                "Send was not pressed"
-            ) from None
-        self._unsent.discard(token)
-        try:
-            return await self._press_send(composer.send, _is_send)
-        except SignedOut:  # refused for want of a session: nothing went out
-            return await self._send_again(handover)
-
     async def _composer(self, message: OutgoingMessage) -> GmailComposer:
         """Reply on the parent message in its conversation, or Compose for a message that
         starts a thread."""
@@ -390,86 +266,6 @@ class GmailWeb(WebMail):
         await shown.reply(shown.message(parent.id)).click()
         return GmailComposer.reply(shown.page)
 
-    async def _write(self, composer: GmailComposer, handover: Handover) -> None:
-        """The reply as planned: recipients (checked), the subject where the composer has
-        one, the HTML, the files."""
-        message = handover.message
-        await composer.body.wait_for()
-        await self._recipients(composer, handover)
-        if await composer.subject.count():
-            await composer.subject.fill(message.subject)
-        await insert_html(composer.body, wrapped(message))
-        if message.attachments:
-            await composer.attach.set_input_files(
-                [
-                    {"name": f.ref.name, "mimeType": f.ref.content_type, "buffer": f.data}
-                    for f in message.attachments
-                ]
-            )
-            await composer.attached.nth(len(message.attachments) - 1).wait_for()
-
-    async def _recipients(self, composer: GmailComposer, handover: Handover) -> None:
-        """The chips replaced with the plan's, then read back and checked against it."""
-        message = handover.message
-        plan = {"to": [a.address for a in message.to], "cc": [a.address for a in message.cc]}
-        for name, wanted in plan.items():
-            for address in await _chips(composer, name):
-                await composer.remove(address).click()
-            for address in wanted:
-                await composer.field(name).fill(address)
-                await composer.field(name).press("Enter")
-        shown = lists(await _chips(composer, "to"), await _chips(composer, "cc"))
-        problems = check_handover(handover.model_copy(update={"recipients": shown}))
-        if problems:
-            await discard(composer.discard, self._browser.timeout_ms)
-            raise NotHandedOver(
-                "Gmail's recipient chips are not the plan (nothing sent): " + "; ".join(problems)
-            )
-
-    async def _send_again(self, handover: Handover) -> dict[str, Any]:
-        """After the session ended at Send: sign in, reopen the draft the app saved (its
-        recipients set and checked again), or write the reply again if none was saved as
-        planned, and send."""
-        try:
-            await self._sign_in()
-            composer = await self._saved_draft(handover.message)
-            if composer is None:
-                composer = await self._composer(handover.message)
-                await self._write(composer, handover)
-            else:
-                await self._recipients(composer, handover)
-        except PlaywrightError as exc:
-            raise NotHandedOver(
-                f"mailbox {self._mailbox_id}: Gmail did not answer while the reply was written "
-                f"again ({what(exc)}); Send was not pressed again"
-            ) from None
-        try:
-            return await self._press_send(composer.send, _is_send)
-        except SignedOut:
-            raise NotHandedOver(
-                f"mailbox {self._mailbox_id}: Gmail signed the browser out again at Send; "
-                "nothing was sent"
-            ) from None
-
-    async def _saved_draft(
-        self, message: OutgoingMessage, *, keep: bool = True
-    ) -> GmailComposer | None:
-        """The app's saved draft of this send (its block carries the send's token) whose
-        body and files are as planned, open; every other saved draft of the send is
-        discarded, so none is left to be sent by hand (``keep`` False: every one is)."""
-        token = mime.send_token(message.internet_message_id)
-        kept: str | None = None
-        for href in await self._draft_links():
-            composer = await self._open_draft(href)
-            if not carries(await composer.body.inner_html(), token):
-                continue
-            planned = await as_planned(composer.body, composer.attached, message)
-            if keep and kept is None and planned:
-                kept = href
-                continue
-            await discard(composer.discard, self._browser.timeout_ms)
-        return None if kept is None else await self._open_draft(kept)
-
     async def _draft_links(self) -> list[str]:
         shown = await self._open("#drafts")
         rows = shown.rows("drafts")
@@ -481,19 +277,6 @@ class GmailWeb(WebMail):
         composer = GmailComposer.window(shown.page)
         await composer.body.wait_for()
         return composer
-
-    async def _message_id_of(self, message_id: str) -> str | None:
-        """The Message-ID Gmail gave a message we sent (Gmail on the web sets its own), read
-        from its original; None while it does not show (the message went out: nothing here
-        may fail the send)."""
-        try:
-            raw = await self._sent_source(message_id, self._source)
-        except (ProviderError, PlaywrightError):  # a sign-in, a page that stopped answering
-            return None
-        ids = rfc822.header_ids(rfc822.parse(raw), "Message-ID")
-        return ids[0] if ids else None
-
-    # -- our sent copies -----------------------------------------------------------------
 
     async def _find_sent(self, marker: Marker) -> StoredCopy | None:
         """Our copy among the mailbox's sent messages: by the token of our block for this
@@ -537,15 +320,6 @@ class GmailWeb(WebMail):
         )
 
 
-def _marker(message: OutgoingMessage, thread: str) -> Marker:
-    """The native marker of a send: the parent's thread (none for a new one: the newest
-    threads of Sent are searched), and the send's token, which the adapter writes as the
-    class of the block holding what we wrote (Gmail sets its own Message-ID and no header
-    of ours)."""
-    token = mime.send_token(message.internet_message_id)
-    return Marker(kind=MarkerKind.NATIVE, value=f"{MARKER_PREFIX}{thread}:{token}")
-
-
 def _by_token(raw: bytes, ref: str, token: str) -> StoredCopy | None:
     copy = _ours(stored_copy(raw, ref))
     return copy if carries(copy.html or "", token) else None
@@ -572,14 +346,6 @@ def _ours(copy: StoredCopy) -> StoredCopy:
     return copy.model_copy(update={"html": mine, "text": text})
 
 
-def _is_send(response: Response) -> bool:
-    return response.request.method == "POST" and response.url.endswith("/_api/send")
-
-
-async def _chips(composer: GmailComposer, name: str) -> list[str]:
-    return await composer.chips(name).evaluate_all("els => els.map(e => e.dataset.address)")
-
-
 DEFAULT_URL = "https://mail.google.com/mail/u/0/"
 
 
@@ -591,29 +357,14 @@ def open_gmail_web(
     read: Callable[[str], Secret],
     person_seconds: float | None = None,
 ) -> GmailWeb:
-    """The mailbox's Gmail on the web channel, its worker's secrets read by name from the
-    vault when a login needs them."""
-    access = binding.browser
-    if access.account is not None and access.account != binding.mailbox_id:
-        raise Unsupported(
-            f"mailbox {binding.mailbox_id}: this version signs in to Gmail as the mailbox "
-            f"itself, not as another account ({access.account}); remove browser.account"
-        )
-
-    def worker() -> WorkerSignIn:
-        return WorkerSignIn(
-            account=access.account or binding.mailbox_id,
-            password=read(access.password),
-            codes=Codes(read(access.totp)),
-        )
-
-    return GmailWeb(
-        MailboxBrowser(browsers, workspace_id, binding.mailbox_id),
-        binding.mailbox_id,
-        access.url or DEFAULT_URL,
-        worker,
-        workspace_id=workspace_id,
-        account=access.account,
+    """The mailbox's Gmail channel, its worker's secrets read by name from the vault
+    when a login needs them."""
+    return open_web_app(
+        GmailWeb,
+        DEFAULT_URL,
+        browsers,
+        workspace_id,
+        binding,
+        read=read,
         person_seconds=person_seconds,
-        sent_copy_latency=timedelta(seconds=access.sent_copy_latency_seconds),
     )

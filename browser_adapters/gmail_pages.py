@@ -86,6 +86,7 @@ class GmailComposer:
         self.body = root.get_by_role("textbox", name="Message Body", exact=True)
         self.send = root.get_by_role("button", name=SEND, exact=True)
         self.discard = root.get_by_role("button", name="Discard draft", exact=True)
+        self.status = root.get_by_role("status")
         self.attach = root.locator("input[type=file]")
         self.attached = root.get_by_role("list", name="Attachments").get_by_role("listitem")
 

@@ -26,62 +26,42 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
 from typing import Any
 from urllib.parse import quote, urlsplit
 
 from playwright.async_api import Error as PlaywrightError
-from playwright.async_api import Locator, Page, Response
+from playwright.async_api import Locator, Page
 
 from agent.domain.context import MailboxBinding
-from agent.domain.envelope import thread_alias
 from agent.domain.errors import (
     NotFound,
-    NotHandedOver,
     ProviderError,
     TransientFailure,
     Unsupported,
 )
-from agent.domain.handover import check_handover
 from agent.domain.mail import (
-    AttachmentData,
-    Capabilities,
     ChangePage,
-    Channel,
-    Handover,
     Marker,
     MarkerKind,
-    MessageBody,
     OutgoingMessage,
     ScannedMessage,
-    SendResult,
     StoredCopy,
 )
 from agent.domain.secrets import Secret
-from agent.providers import mime, rfc822
+from agent.providers import rfc822
 from browser_adapters.outlook_pages import Composer, MailPage
-from browser_adapters.session import Browsers, MailboxBrowser
+from browser_adapters.session import Browsers
 from browser_adapters.webmail import (
-    DISCARD_MS,
     Cursor,
-    SignedOut,
     WebMail,
-    as_planned,
     carries,
-    check_writable,
     digest,
-    discard,
     goto,
-    insert_html,
-    lists,
+    open_web_app,
     send_answer,
     stored_copy,
-    what,
-    wrapped,
 )
-from managed_login.flow import WorkerSignIn
 from managed_login.microsoft import MicrosoftLogin
-from managed_login.totp import Codes
 
 PROVIDER = "microsoft"
 CURSOR_PREFIX = "owa1."
@@ -112,46 +92,16 @@ class OutlookWeb(WebMail):
     APP = "Outlook on the web"
     LOGIN = MicrosoftLogin
     HOME = "inbox"
+    SEARCHES = (MarkerKind.MESSAGE_ID,)
+    MARKER_PREFIX = MARKER_PREFIX
+    CLASS_PREFIXES = "x_"
 
-    def __init__(
-        self,
-        browser: MailboxBrowser,
-        mailbox_id: str,
-        app_url: str,
-        worker: Callable[[], WorkerSignIn],
-        *,
-        workspace_id: str,
-        account: str | None = None,
-        person_seconds: float | None = None,
-        page_size: int = 25,
-        sent_copy_latency: timedelta = timedelta(seconds=120),
-    ) -> None:
-        super().__init__(
-            browser,
-            mailbox_id,
-            app_url,
-            worker,
-            workspace_id=workspace_id,
-            account=account,
-            person_seconds=person_seconds,
-        )
+    def _setup(self) -> None:
         self._mark_as_read_checked = False
         self._by_message_id: dict[str, _Item] = {}
         self._read_items: set[str] = set()
         self._sent_rows: dict[tuple[str, str, str], list[_Item]] = {}
         """Sent Items rows as read (conversation, name, link) and their sent items."""
-        self.capabilities_ = Capabilities(
-            channel=Channel.BROWSER,
-            native_threads=False,
-            markers=(MarkerKind.NATIVE,),
-            searches=(MarkerKind.MESSAGE_ID,),
-            sent_copy_latency=sent_copy_latency,
-            page_size=page_size,
-        )
-
-    @property
-    def capabilities(self) -> Capabilities:
-        return self.capabilities_
 
     def _arrived(self, page: Page) -> Locator:
         return MailPage(page).account
@@ -262,26 +212,11 @@ class OutlookWeb(WebMail):
         ]
 
     async def _scanned(self, item: _Item) -> ScannedMessage:
-        raw = await self._source(item.rest_id)
-
-        def thread(*_: object) -> str:
-            return item.conversation
-
-        try:
-            envelope = rfc822.normalize(
-                raw,
-                provider=PROVIDER,
-                mailbox_id=self._mailbox_id,
-                provider_message_id=item.rest_id,
-                thread_id_for=thread,
-                fallback_received_at=datetime.now(UTC),
-            )
-        except Exception as exc:  # a message the app shows but no parser reads
-            return ScannedMessage(item_ref=item.rest_id, error=f"could not be normalized ({exc})")
+        scanned = self._scan(await self._source(item.rest_id), item.rest_id, item.conversation)
         self._read_items.add(item.rest_id)
-        if envelope.internet_message_id is not None:
-            self._by_message_id[envelope.internet_message_id] = item
-        return ScannedMessage(item_ref=item.rest_id, envelope=envelope)
+        if scanned.envelope is not None and scanned.envelope.internet_message_id is not None:
+            self._by_message_id[scanned.envelope.internet_message_id] = item
+        return scanned
 
     async def _show(self, rest_id: str) -> MailPage:
         """The item's page, or ``NotFound`` when the app does not show it (the page of the
@@ -300,8 +235,8 @@ class OutlookWeb(WebMail):
             raise NotFound(f"mailbox {self._mailbox_id} shows no item {rest_id!r}")
         return shown
 
-    async def _source(self, rest_id: str) -> bytes:
-        shown = await self._show(rest_id)
+    async def _source(self, ref: str) -> bytes:
+        shown = await self._show(ref)
         await shown.more_actions.click()
         await shown.view_source.click()
         await shown.source.wait_for()
@@ -309,29 +244,11 @@ class OutlookWeb(WebMail):
         await shown.page.keyboard.press("Escape")
         return text.replace("\r\n", "\n").replace("\n", "\r\n").encode("utf-8", "surrogateescape")
 
-    async def _fetch_body(self, body_ref: str) -> MessageBody:
-        return rfc822.body(await self._source(body_ref))
+    async def _parent_thread(self, message: OutgoingMessage) -> str:
+        return (await self._parent(message)).conversation
 
-    async def _fetch_attachment(self, ref: str) -> AttachmentData:
-        item, _, index = ref.rpartition("/")
-        if not item or not index.isdigit():
-            raise NotFound(f"{ref!r} is not an attachment reference of this channel")
-        found = rfc822.attachments(await self._source(item), item)
-        if int(index) >= len(found):
-            raise NotFound(f"item {item!r} of mailbox {self._mailbox_id} has no file {index}")
-        return found[int(index)]
-
-    # -- sending -------------------------------------------------------------------------
-
-    async def _prepare(self, message: OutgoingMessage) -> Handover:
-        check_writable(message, self._mailbox_id, "Outlook", LARGEST)
-        parent = None if message.in_reply_to is None else await self._parent(message)
-        return Handover(
-            message=message,
-            channel=Channel.BROWSER.value,
-            recipients=lists([a.address for a in message.to], [a.address for a in message.cc]),
-            marker=_marker(message, parent.conversation if parent else ""),
-        )
+    async def _draft_links(self) -> list[str]:
+        return [href for _, _, href in await self._rows("drafts")]
 
     async def _parent(self, message: OutgoingMessage) -> _Item:
         """The item the reply answers, by its Message-ID: known from this channel's
@@ -363,126 +280,12 @@ class OutlookWeb(WebMail):
             self._read_items.add(item.rest_id)
             self._by_message_id[message_id] = item
 
-    async def _send(self, handover: Handover) -> SendResult:
-        message = handover.message
-        answer = await self._written_and_sent(handover)
-        sent = str(answer["sent"])
-        given = await self._message_id_of(sent) or message.internet_message_id
-        first = message.references[0] if message.references else message.in_reply_to
-        return SendResult(
-            provider_message_id=sent,
-            provider_thread_id=thread_alias(first or given),  # as the core names threads
-            internet_message_id=given,
-            channel=Channel.BROWSER.value,
-            delivered=True,
-            accepted_at=datetime.now(UTC),
-        )
-
-    async def _written_and_sent(self, handover: Handover) -> dict[str, Any]:
-        """The reply written and Send pressed once; a page that stops answering before
-        Send is pressed sent nothing (what the app saved of it is discarded, now if the
-        page lets it, else before this channel writes the send again)."""
-        token = mime.send_token(handover.message.internet_message_id)
-        composer: Composer | None = None
-        try:
-            if token in self._unsent:
-                await self._saved_draft(handover.message, keep=False)
-            composer = await self._composer(handover.message)
-            await self._write(composer, handover)
-        except PlaywrightError as exc:
-            self._unsent.add(token)
-            if composer is not None:
-                await _discard_stuck(composer)
-            raise NotHandedOver(
-                f"mailbox {self._mailbox_id}: Outlook's composer did not answer "
-                f"({what(exc)}); Send was not pressed"
-            ) from None
-        self._unsent.discard(token)
-        try:
-            return await self._press_send(composer.send, _is_send)
-        except SignedOut:  # refused for want of a session: nothing went out
-            return await self._send_again(handover)
-
-    async def _write(self, composer: Composer, handover: Handover) -> None:
-        """The reply as planned: recipients (checked), subject, the HTML, the files."""
-        message = handover.message
-        await composer.body.wait_for()
-        await self._recipients(composer, handover)
-        await composer.subject.fill(message.subject)
-        await _insert_html(composer, wrapped(message))
-        if message.attachments:
-            await composer.attach.set_input_files(
-                [
-                    {"name": f.ref.name, "mimeType": f.ref.content_type, "buffer": f.data}
-                    for f in message.attachments
-                ]
-            )
-            await composer.attached.nth(len(message.attachments) - 1).wait_for()
-
-    async def _send_again(self, handover: Handover) -> dict[str, Any]:
-        """After the session ended at Send: sign in, reopen the draft the app saved (its
-        recipients set and checked again), or write the reply again if none was saved as
-        planned, and send."""
-        try:
-            await self._sign_in()
-            composer = await self._saved_draft(handover.message)
-            if composer is None:
-                composer = await self._composer(handover.message)
-                await self._write(composer, handover)
-            else:
-                await self._recipients(composer, handover)
-                await composer.subject.fill(handover.message.subject)
-        except PlaywrightError as exc:
-            raise NotHandedOver(
-                f"mailbox {self._mailbox_id}: Outlook did not answer while the reply was "
-                f"written again ({what(exc)}); Send was not pressed again"
-            ) from None
-        try:
-            return await self._press_send(composer.send, _is_send)
-        except SignedOut:
-            raise NotHandedOver(
-                f"mailbox {self._mailbox_id}: Outlook signed the browser out again at Send; "
-                "nothing was sent"
-            ) from None
-
-    async def _saved_draft(self, message: OutgoingMessage, *, keep: bool = True) -> Composer | None:
-        """The app's saved draft of this send (its block carries the send's token) whose
-        body and files are as planned, open; every other saved draft of the send (a second
-        one, or one saved half-written) is discarded, so none is left to be sent by hand
-        (``keep`` False: every one is)."""
-        token = mime.send_token(message.internet_message_id)
-        kept: str | None = None
-        for _, _, href in await self._rows("drafts"):
-            composer = await self._open_draft(href)
-            if not carries(await composer.body.inner_html(), token, "x_"):
-                continue
-            if (
-                keep
-                and kept is None
-                and await as_planned(composer.body, composer.attached, message)
-            ):
-                kept = href
-                continue
-            await discard(composer.discard, self._browser.timeout_ms)
-        return None if kept is None else await self._open_draft(kept)
-
     async def _open_draft(self, href: str) -> Composer:
         page = await self._working_page()
         await goto(page, urlsplit(page.url)._replace(path=href, query="").geturl())
         composer = Composer(page)
         await composer.body.wait_for()
         return composer
-
-    async def _message_id_of(self, rest_id: str) -> str | None:
-        """The Message-ID Exchange gave a message we sent (Outlook on the web sets its own),
-        read from its source; None while the copy does not show yet (the message went out:
-        nothing here may fail the send)."""
-        try:
-            raw = await self._sent_source(rest_id, self._source)
-        except (ProviderError, PlaywrightError):  # a sign-in, a page that stopped answering
-            return None
-        ids = rfc822.header_ids(rfc822.parse(raw), "Message-ID")
-        return ids[0] if ids else None
 
     async def _composer(self, message: OutgoingMessage) -> Composer:
         """Reply on the parent's page, or New mail for a message that starts a thread."""
@@ -494,24 +297,6 @@ class OutlookWeb(WebMail):
             shown = await self._show(parent.rest_id)
             await shown.reply.click()
         return Composer(shown.page)
-
-    async def _recipients(self, composer: Composer, handover: Handover) -> None:
-        """The chips replaced with the plan's, then read back and checked against it."""
-        message = handover.message
-        plan = {"to": [a.address for a in message.to], "cc": [a.address for a in message.cc]}
-        for name, wanted in plan.items():
-            for address in await _chips(composer, name):
-                await composer.remove(address).click()
-            for address in wanted:
-                await composer.field(name).fill(address)
-                await composer.field(name).press("Enter")
-        shown = lists(await _chips(composer, "to"), await _chips(composer, "cc"))
-        problems = check_handover(handover.model_copy(update={"recipients": shown}))
-        if problems:
-            await discard(composer.discard, self._browser.timeout_ms)
-            raise NotHandedOver(
-                "Outlook's recipient chips are not the plan (nothing sent): " + "; ".join(problems)
-            )
 
     async def _find_sent(self, marker: Marker) -> StoredCopy | None:
         """Our copy in Sent Items: the item whose block of what we wrote carries the send's
@@ -567,15 +352,6 @@ class OutlookWeb(WebMail):
         )
 
 
-def _marker(message: OutgoingMessage, conversation: str) -> Marker:
-    """The native marker of a send: its conversation (none for a new one: the newest
-    conversations of Sent Items are searched), and the send's token, which the
-    adapter writes as the class of the block holding what we wrote (Outlook on the web
-    sets neither our Message-ID nor a header of ours; the class is kept, unseen)."""
-    token = mime.send_token(message.internet_message_id)
-    return Marker(kind=MarkerKind.NATIVE, value=f"{MARKER_PREFIX}{conversation}:{token}")
-
-
 def _folder_of(path: str) -> str:
     parts = urlsplit(path).path.split("/")
     return parts[parts.index("id") - 1] if "id" in parts[1:] else "inbox"
@@ -586,11 +362,6 @@ def sent_answer(status: int, answer: object) -> dict[str, Any]:
     return send_answer("Outlook", status, answer)
 
 
-async def _discard_stuck(composer: Composer) -> None:
-    """Discard the draft of a composer that stopped answering, if it still can (briefly)."""
-    await discard(composer.discard, DISCARD_MS)
-
-
 async def _row_values(shown: MailPage) -> list[tuple[str, str, str]]:
     """Each row's conversation id, accessible name and link."""
     found: list[list[str]] = await shown.rows.evaluate_all(
@@ -598,19 +369,6 @@ async def _row_values(shown: MailPage) -> list[tuple[str, str, str]]:
         " r.dataset.href || ''])"
     )
     return [(convid, name, link) for convid, name, link in found]
-
-
-def _is_send(response: Response) -> bool:
-    return response.request.method == "POST" and response.url.endswith("/_api/send")
-
-
-async def _chips(composer: Composer, name: str) -> list[str]:
-    return await composer.chips(name).evaluate_all("els => els.map(e => e.dataset.address)")
-
-
-async def _insert_html(composer: Composer, markup: str) -> None:
-    """The rendered HTML inserted into the editor as HTML, never typed."""
-    await insert_html(composer.body, markup)
 
 
 def _ours(copy: StoredCopy) -> StoredCopy:
@@ -634,29 +392,14 @@ def open_outlook_web(
     read: Callable[[str], Secret],
     person_seconds: float | None = None,
 ) -> OutlookWeb:
-    """The mailbox's Outlook on the web channel, its worker's secrets read by name from the
-    vault when a login needs them."""
-    access = binding.browser
-    if access.account is not None and access.account != binding.mailbox_id:
-        raise Unsupported(
-            f"mailbox {binding.mailbox_id}: this version signs in to Outlook on the web as the "
-            f"mailbox itself, not as another account ({access.account}); remove browser.account"
-        )
-
-    def worker() -> WorkerSignIn:
-        return WorkerSignIn(
-            account=access.account or binding.mailbox_id,
-            password=read(access.password),
-            codes=Codes(read(access.totp)),
-        )
-
-    return OutlookWeb(
-        MailboxBrowser(browsers, workspace_id, binding.mailbox_id),
-        binding.mailbox_id,
-        access.url or DEFAULT_URL,
-        worker,
-        workspace_id=workspace_id,
-        account=access.account,
+    """The mailbox's Outlook on the web channel, its worker's secrets read by name from the vault
+    when a login needs them."""
+    return open_web_app(
+        OutlookWeb,
+        DEFAULT_URL,
+        browsers,
+        workspace_id,
+        binding,
+        read=read,
         person_seconds=person_seconds,
-        sent_copy_latency=timedelta(seconds=access.sent_copy_latency_seconds),
     )

@@ -19,40 +19,49 @@ from abc import ABC, abstractmethod
 from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Protocol, TypeVar
 
 from playwright.async_api import Error as PlaywrightError
 from playwright.async_api import Locator, Page, Response
 
+from agent.domain.context import MailboxBinding
 from agent.domain.envelope import thread_alias
 from agent.domain.errors import (
     AccessRefused,
     AuthChallengeUnresolved,
     CursorExpired,
+    NotFound,
     NotHandedOver,
     OutcomeUnknown,
     PasswordRefused,
     ProviderError,
     SignInFailed,
     TransientFailure,
+    Unsupported,
 )
+from agent.domain.handover import check_handover
 from agent.domain.mail import (
     AttachmentData,
     Capabilities,
     ChangePage,
+    Channel,
     Handover,
     Marker,
+    MarkerKind,
     MessageBody,
     OutgoingMessage,
     ProviderHealth,
+    ScannedMessage,
     SendResult,
     StoredCopy,
 )
+from agent.domain.secrets import Secret
 from agent.providers import mime, rfc822
-from browser_adapters.session import MailboxBrowser
+from browser_adapters.session import Browsers, MailboxBrowser
 from managed_login.flow import LoginReport, PageByPage, Step, WorkerSignIn
+from managed_login.totp import Codes
 
 DIGEST = 12
 DISCARD_MS = 2_000
@@ -95,6 +104,30 @@ class Cursor:
             raise CursorExpired(f"not a cursor of the {app} channel") from None
 
 
+W = TypeVar("W", bound="WebMail")
+LARGEST = 25 * 1024 * 1024
+"""What both apps take of files in one message (25 MB)."""
+
+
+class Composer(Protocol):
+    """A web app's composer, as its page object names its parts."""
+
+    root: Locator
+    subject: Locator
+    body: Locator
+    send: Locator
+    discard: Locator
+    status: Locator
+    attach: Locator
+    attached: Locator
+
+    def chips(self, field: str) -> Locator: ...
+
+    def field(self, name: str) -> Locator: ...
+
+    def remove(self, address: str) -> Locator: ...
+
+
 class SignedOut(Exception):
     """The app refused Send for want of a session (nothing was sent)."""
 
@@ -108,6 +141,14 @@ class WebMail(ABC):
     LOGIN: ClassVar[type[PageByPage]]
     HOME: ClassVar[str]
     """The app's mail list, relative to the app's address."""
+    SEARCHES: ClassVar[tuple[MarkerKind, ...]]
+    """The markers other channels of the mailbox set that ``find_sent`` searches."""
+    MARKER_PREFIX: ClassVar[str]
+    """How this channel's native markers begin."""
+    CLASS_PREFIXES: ClassVar[str] = ""
+    """A regex of what the app prefixes the classes of what it shows with."""
+    SEND_CALL: ClassVar[str] = "/_api/send"
+    """The call the app's Send makes (its answer is read)."""
 
     def __init__(
         self,
@@ -119,6 +160,8 @@ class WebMail(ABC):
         workspace_id: str,
         account: str | None = None,
         person_seconds: float | None = None,
+        page_size: int = 25,
+        sent_copy_latency: timedelta = timedelta(seconds=120),
     ) -> None:
         self._browser = browser
         self._mailbox_id = mailbox_id.lower()
@@ -142,6 +185,19 @@ class WebMail(ABC):
         self._sent_sources: dict[str, bytes] = {}
         """Sources of sent messages read (a sent message never changes), newest last."""
         self.last_login: LoginReport | None = None
+        self.capabilities_ = Capabilities(
+            channel=Channel.BROWSER,
+            native_threads=False,
+            markers=(MarkerKind.NATIVE,),
+            searches=self.SEARCHES,
+            sent_copy_latency=sent_copy_latency,
+            page_size=page_size,
+        )
+        self._setup()
+
+    @abstractmethod
+    def _setup(self) -> None:
+        """The app's own state of a channel instance, made once."""
 
     @property
     def provider(self) -> str:
@@ -157,8 +213,8 @@ class WebMail(ABC):
         return self._mailbox_id
 
     @property
-    @abstractmethod
-    def capabilities(self) -> Capabilities: ...
+    def capabilities(self) -> Capabilities:
+        return self.capabilities_
 
     # -- the port: each operation holds the mailbox's browser ----------------------------
 
@@ -192,18 +248,6 @@ class WebMail(ABC):
 
     @abstractmethod
     async def _changes(self, cursor: str | None) -> ChangePage: ...
-
-    @abstractmethod
-    async def _fetch_body(self, body_ref: str) -> MessageBody: ...
-
-    @abstractmethod
-    async def _fetch_attachment(self, ref: str) -> AttachmentData: ...
-
-    @abstractmethod
-    async def _prepare(self, message: OutgoingMessage) -> Handover: ...
-
-    @abstractmethod
-    async def _send(self, handover: Handover) -> SendResult: ...
 
     @abstractmethod
     async def _find_sent(self, marker: Marker) -> StoredCopy | None: ...
@@ -348,6 +392,212 @@ class WebMail(ABC):
             )
         self._verified = True
 
+    # -- sending -------------------------------------------------------------------------
+
+    @abstractmethod
+    async def _source(self, ref: str) -> bytes:
+        """A message's exact bytes (``NotFound`` when the app shows no such message)."""
+
+    @abstractmethod
+    async def _parent_thread(self, message: OutgoingMessage) -> str:
+        """The thread (or conversation) of the message a reply answers, as the app names it."""
+
+    @abstractmethod
+    async def _composer(self, message: OutgoingMessage) -> Composer:
+        """Reply on the parent, or a new message's composer for one that starts a thread."""
+
+    @abstractmethod
+    async def _draft_links(self) -> list[str]:
+        """Where each saved draft opens, newest first."""
+
+    @abstractmethod
+    async def _open_draft(self, href: str) -> Composer:
+        """A saved draft, open in its composer."""
+
+    async def _fetch_body(self, body_ref: str) -> MessageBody:
+        return rfc822.body(await self._source(body_ref))
+
+    async def _fetch_attachment(self, ref: str) -> AttachmentData:
+        message, _, index = ref.rpartition("/")
+        if not message or not index.isdigit():
+            raise NotFound(f"{ref!r} is not an attachment reference of this channel")
+        found = rfc822.attachments(await self._source(message), message)
+        if int(index) >= len(found):
+            raise NotFound(f"message {message!r} of mailbox {self._mailbox_id} has no file {index}")
+        return found[int(index)]
+
+    def _scan(self, raw: bytes, ref: str, thread: str) -> ScannedMessage:
+        """A message as intake takes it in, given its provider ids."""
+
+        def thread_of(*_: object) -> str:
+            return thread
+
+        try:
+            envelope = rfc822.normalize(
+                raw,
+                provider=self.PROVIDER,
+                mailbox_id=self._mailbox_id,
+                provider_message_id=ref,
+                thread_id_for=thread_of,
+                fallback_received_at=datetime.now(UTC),
+            )
+        except Exception as exc:  # a message the app shows but no parser reads
+            return ScannedMessage(item_ref=ref, error=f"could not be normalized ({exc})")
+        return ScannedMessage(item_ref=ref, envelope=envelope)
+
+    async def _prepare(self, message: OutgoingMessage) -> Handover:
+        check_writable(message, self._mailbox_id, self.APP, LARGEST)
+        thread = "" if message.in_reply_to is None else await self._parent_thread(message)
+        token = mime.send_token(message.internet_message_id)
+        return Handover(
+            message=message,
+            channel=Channel.BROWSER.value,
+            recipients=lists([a.address for a in message.to], [a.address for a in message.cc]),
+            marker=Marker(kind=MarkerKind.NATIVE, value=f"{self.MARKER_PREFIX}{thread}:{token}"),
+        )
+
+    async def _send(self, handover: Handover) -> SendResult:
+        message = handover.message
+        answer = await self._written_and_sent(handover)
+        sent = str(answer["sent"])
+        given = await self._message_id_of(sent) or message.internet_message_id
+        return SendResult(
+            provider_message_id=sent,
+            provider_thread_id=self._sent_thread(message, given),
+            internet_message_id=given,
+            channel=Channel.BROWSER.value,
+            delivered=True,
+            accepted_at=datetime.now(UTC),
+        )
+
+    def _sent_thread(self, message: OutgoingMessage, given: str) -> str:
+        """The thread a send reports, as the core names threads (the message its
+        References name first, else the one it answers, else itself)."""
+        first = message.references[0] if message.references else message.in_reply_to
+        return thread_alias(first or given)
+
+    async def _written_and_sent(self, handover: Handover) -> dict[str, Any]:
+        """The message written and Send pressed once; a page that stops answering before
+        Send is pressed sent nothing (what the app saved of it is discarded, now if the
+        page lets it, else before this channel writes the send again)."""
+        token = mime.send_token(handover.message.internet_message_id)
+        composer: Composer | None = None
+        try:
+            if token in self._unsent:
+                await self._saved_draft(handover.message, keep=False)
+            composer = await self._composer(handover.message)
+            await self._write(composer, handover)
+        except PlaywrightError as exc:
+            self._unsent.add(token)
+            if composer is not None:
+                await discard_stuck(composer)
+            raise NotHandedOver(
+                f"mailbox {self._mailbox_id}: {self.APP}'s composer did not answer "
+                f"({what(exc)}); Send was not pressed"
+            ) from None
+        self._unsent.discard(token)
+        try:
+            return await self._press_send(composer.send)
+        except SignedOut:  # refused for want of a session: nothing went out
+            return await self._send_again(handover)
+
+    async def _write(self, composer: Composer, handover: Handover) -> None:
+        """The message as planned: recipients (checked), the subject where the composer
+        has one, the HTML, the files."""
+        message = handover.message
+        await composer.body.wait_for()
+        await self._recipients(composer, handover)
+        await _subject(composer, message)
+        await insert_composed(composer, wrapped(message))
+        if message.attachments:
+            await composer.attach.set_input_files(
+                [
+                    {"name": f.ref.name, "mimeType": f.ref.content_type, "buffer": f.data}
+                    for f in message.attachments
+                ]
+            )
+            await composer.attached.nth(len(message.attachments) - 1).wait_for()
+
+    async def _recipients(self, composer: Composer, handover: Handover) -> None:
+        """The chips replaced with the plan's, then read back and checked against it."""
+        message = handover.message
+        plan = {"to": [a.address for a in message.to], "cc": [a.address for a in message.cc]}
+        for name, wanted in plan.items():
+            for address in await _chips(composer, name):
+                await composer.remove(address).click()
+            for address in wanted:
+                await composer.field(name).fill(address)
+                await composer.field(name).press("Enter")
+        shown = lists(await _chips(composer, "to"), await _chips(composer, "cc"))
+        problems = check_handover(handover.model_copy(update={"recipients": shown}))
+        if problems:
+            await discard(composer.discard, self._browser.timeout_ms)
+            raise NotHandedOver(
+                f"{self.APP}'s recipient chips are not the plan (nothing sent): "
+                + "; ".join(problems)
+            )
+
+    async def _send_again(self, handover: Handover) -> dict[str, Any]:
+        """After the session ended at Send: sign in, reopen the draft the app saved (its
+        recipients set and checked again), or write the message again if none was saved
+        as planned, and send."""
+        try:
+            await self._sign_in()
+            composer = await self._saved_draft(handover.message)
+            if composer is None:
+                composer = await self._composer(handover.message)
+                await self._write(composer, handover)
+            else:
+                await self._recipients(composer, handover)
+                await _subject(composer, handover.message)
+        except PlaywrightError as exc:
+            raise NotHandedOver(
+                f"mailbox {self._mailbox_id}: {self.APP} did not answer while the message was "
+                f"written again ({what(exc)}); Send was not pressed again"
+            ) from None
+        try:
+            return await self._press_send(composer.send)
+        except SignedOut:
+            raise NotHandedOver(
+                f"mailbox {self._mailbox_id}: {self.APP} signed the browser out again at "
+                "Send; nothing was sent"
+            ) from None
+
+    async def _saved_draft(self, message: OutgoingMessage, *, keep: bool = True) -> Composer | None:
+        """The app's saved draft of this send (its block carries the send's token) whose
+        body and files are as planned, open; every other saved draft of the send (a second
+        one, or one saved half-written) is discarded, so none is left to be sent by hand
+        (``keep`` False: every one is)."""
+        token = mime.send_token(message.internet_message_id)
+        kept: str | None = None
+        for href in await self._draft_links():
+            composer = await self._open_draft(href)
+            if not carries(await composer.body.inner_html(), token, self.CLASS_PREFIXES):
+                continue
+            if (
+                keep
+                and kept is None
+                and await as_planned(composer.body, composer.attached, message)
+            ):
+                kept = href
+                continue
+            await discard(composer.discard, self._browser.timeout_ms)
+        return None if kept is None else await self._open_draft(kept)
+
+    async def _message_id_of(self, ref: str) -> str | None:
+        """The Message-ID the mail system gave a message we sent (the web apps set their
+        own), read from its source; None while the copy does not show yet (the message went
+        out: nothing here may fail the send)."""
+        try:
+            raw = await self._sent_source(ref, self._source)
+        except (ProviderError, PlaywrightError):  # a sign-in, a page that stopped answering
+            return None
+        ids = rfc822.header_ids(rfc822.parse(raw), "Message-ID")
+        return ids[0] if ids else None
+
+    def _is_send(self, response: Response) -> bool:
+        return response.request.method == "POST" and response.url.endswith(self.SEND_CALL)
+
     # -- sent copies ---------------------------------------------------------------------
 
     async def _sent_source(self, ref: str, read: Callable[[str], Awaitable[bytes]]) -> bytes:
@@ -359,15 +609,13 @@ class WebMail(ABC):
             del self._sent_sources[next(iter(self._sent_sources))]
         return raw
 
-    async def _press_send(
-        self, button: Locator, is_send: Callable[[Response], bool]
-    ) -> dict[str, Any]:
+    async def _press_send(self, button: Locator) -> dict[str, Any]:
         """Send pressed once and the app's answer read: refused for want of a session
         (``SignedOut``, nothing went out), refused outright (``NotHandedOver``), or anything
         that may have sent it (a lost or unreadable answer, a draft already gone) is
         ``OutcomeUnknown``: settled from the sent copies, never sent again blind."""
         try:
-            async with button.page.expect_response(is_send) as answered:
+            async with button.page.expect_response(self._is_send) as answered:
                 await button.click()
             response: Response = await answered.value
         except PlaywrightError as exc:
@@ -397,6 +645,22 @@ class WebMail(ABC):
     async def aclose(self) -> None:
         self._page = None
         await self._browser.aclose()
+
+
+async def _subject(composer: Composer, message: OutgoingMessage) -> None:
+    """The planned subject, where the composer has a subject field (a reply under a
+    conversation may keep the app's)."""
+    if await composer.subject.count():
+        await composer.subject.fill(message.subject)
+
+
+async def _chips(composer: Composer, name: str) -> list[str]:
+    return await composer.chips(name).evaluate_all("els => els.map(e => e.dataset.address)")
+
+
+async def insert_composed(composer: Composer, markup: str) -> None:
+    """The rendered HTML inserted into the composer's editor as HTML, never typed."""
+    await insert_html(composer.body, markup)
 
 
 def check_writable(message: OutgoingMessage, mailbox_id: str, app: str, largest: int) -> None:
@@ -467,6 +731,11 @@ async def discard(button: Locator, timeout_ms: float) -> None:
         return
 
 
+async def discard_stuck(composer: Composer) -> None:
+    """Discard the draft of a composer that stopped answering, if it still can (briefly)."""
+    await discard(composer.discard, DISCARD_MS)
+
+
 async def goto(page: Page, url: str) -> None:
     """Go to ``url``; once more when a navigation the app started itself aborted ours."""
     try:
@@ -526,3 +795,43 @@ def carries(markup: str, token: str, prefixes: str = "") -> bool:
     """Whether a stored body's block of ours has the send's token as its class (a web app
     may prefix the classes of what it shows: ``prefixes`` is a regex of them)."""
     return re.search(rf'class="(?:{prefixes})?{re.escape(token)}"', markup) is not None
+
+
+def open_web_app(
+    kind: type[W],
+    default_url: str,
+    browsers: Browsers,
+    workspace_id: str,
+    binding: MailboxBinding,
+    *,
+    read: Callable[[str], Secret],
+    person_seconds: float | None = None,
+) -> W:
+    """The mailbox's channel through the web app ``kind`` drives (at ``default_url``
+    unless the binding names another), its worker's secrets read by name from the vault
+    when a login needs them."""
+    access = binding.browser
+    if access.account is not None and access.account != binding.mailbox_id:
+        raise Unsupported(
+            f"mailbox {binding.mailbox_id}: this version signs in to {kind.APP} as the "
+            f"mailbox itself, not as another account ({access.account}); remove "
+            "browser.account"
+        )
+
+    def worker() -> WorkerSignIn:
+        return WorkerSignIn(
+            account=access.account or binding.mailbox_id,
+            password=read(access.password),
+            codes=Codes(read(access.totp)),
+        )
+
+    return kind(
+        MailboxBrowser(browsers, workspace_id, binding.mailbox_id),
+        binding.mailbox_id,
+        access.url or default_url,
+        worker,
+        workspace_id=workspace_id,
+        account=access.account,
+        person_seconds=person_seconds,
+        sent_copy_latency=timedelta(seconds=access.sent_copy_latency_seconds),
+    )

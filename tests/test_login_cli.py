@@ -17,7 +17,7 @@ from click.testing import CliRunner
 from agent.domain.secrets import CredentialRef, Secret
 from agent.testing.contexts import context_yaml
 from agent.testing.providers import raw_message
-from browser_adapters import outlook
+from browser_adapters import webmail
 from fixtures.admin import MockAdmin
 from managed_login.totp import Codes
 from managed_login.vault import open_vault
@@ -76,7 +76,7 @@ def station(tmp_path: Path, admin: MockAdmin, monkeypatch: pytest.MonkeyPatch) -
     address = f"login-{uuid.uuid4().hex[:10]}@fabrikam.test"
     admin.account(address, "microsoft")
     clock = WebClock(admin)
-    monkeypatch.setattr(outlook, "Codes", partial(Codes, clock=clock, sleep=clock.sleep))
+    monkeypatch.setattr(webmail, "Codes", partial(Codes, clock=clock, sleep=clock.sleep))
     fields = f"channels: [browser], browser: {{url: '{admin.base_url}/web/outlook/mail/'}}"
     context = tmp_path / "context.yaml"
     context.write_text(
@@ -148,7 +148,7 @@ def test_login_reads_the_worker_secrets_from_the_encrypted_keyring(
     address = f"crypt-{uuid.uuid4().hex[:10]}@fabrikam.test"
     admin.account(address, "microsoft")
     clock = WebClock(admin)
-    monkeypatch.setattr(outlook, "Codes", partial(Codes, clock=clock, sleep=clock.sleep))
+    monkeypatch.setattr(webmail, "Codes", partial(Codes, clock=clock, sleep=clock.sleep))
     fields = f"channels: [browser], browser: {{url: '{admin.base_url}/web/outlook/mail/'}}"
     context = tmp_path / "context.yaml"
     context.write_text(

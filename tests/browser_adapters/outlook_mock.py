@@ -17,7 +17,7 @@ from agent.domain.mail import Handover, OutgoingMessage
 from agent.domain.secrets import Secret
 from agent.providers import mime
 from agent.testing.providers import envelopes, raw_message, read_all, reply
-from browser_adapters import outlook
+from browser_adapters import webmail
 from browser_adapters.outlook import OutlookWeb
 from browser_adapters.outlook_pages import Composer
 from browser_adapters.session import Browsers, BrowserSettings, MailboxBrowser
@@ -114,21 +114,22 @@ def _carries(raw: bytes, message_id: str, token: str) -> bool:
     )
 
 
-Insert = Callable[[Composer, str], Awaitable[None]]
-"""How the adapter puts the rendered HTML into Outlook's editor."""
+Insert = Callable[[webmail.Composer, str], Awaitable[None]]
+"""How the adapter puts the rendered HTML into the app's editor."""
 
 
 def on_insert(
     monkeypatch: pytest.MonkeyPatch, then: Callable[[Insert, Composer, str], Awaitable[None]]
 ) -> None:
     """The adapter's HTML insertion replaced by ``then``, handed the real one: the moment a
-    test makes something happen in the middle of writing a reply."""
-    inserted: Insert = outlook._insert_html  # pyright: ignore[reportPrivateUsage]
+    test makes something happen in the middle of writing a reply in Outlook."""
+    inserted: Insert = webmail.insert_composed
 
-    async def instead(composer: Composer, markup: str) -> None:
+    async def instead(composer: webmail.Composer, markup: str) -> None:
+        assert isinstance(composer, Composer)
         await then(inserted, composer, markup)
 
-    monkeypatch.setattr(outlook, "_insert_html", instead)
+    monkeypatch.setattr(webmail, "insert_composed", instead)
 
 
 async def prepared_reply(

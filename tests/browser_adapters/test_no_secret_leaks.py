@@ -71,7 +71,7 @@ from agent.testing.leaks import (
     scan_text,
     scan_tree,
 )
-from browser_adapters import gmail, outlook
+from browser_adapters import webmail
 from browser_adapters.session import Browsers
 from fixtures.admin import MockAdmin
 from managed_login.totp import STEP_SECONDS, Codes
@@ -241,8 +241,7 @@ async def run(
     found = Run(root, admin, address, settings, password, seed, WebClock(admin), web)
 
     codes = partial(RecordedCodes, given=found.codes, clock=found.clock, sleep=found.clock.sleep)
-    for app in (outlook, gmail):
-        monkeypatch.setattr(app, "Codes", codes)
+    monkeypatch.setattr(webmail, "Codes", codes)
     browser_pool = composition.browser_pool
 
     def kept_pool(settings: Settings) -> Browsers:
@@ -421,9 +420,7 @@ async def _signed_in_pages_hold_no_secret(run: Run) -> None:
     for page in context.pages:
         assert run.web.signin_host not in page.url, page.url
         typed = "input[type=password], input[name=otc], input[autocomplete=one-time-code]"
-        values = await page.locator(typed).evaluate_all(
-            "els => els.map(e => e.value)"
-        )
+        values = await page.locator(typed).evaluate_all("els => els.map(e => e.value)")
         assert not any(values)
 
 

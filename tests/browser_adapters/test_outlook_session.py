@@ -11,7 +11,7 @@ from playwright.async_api import expect
 
 from agent.domain.errors import NotHandedOver
 from agent.testing.providers import CLIENT
-from browser_adapters import outlook
+from browser_adapters import webmail
 from browser_adapters.outlook_pages import Composer
 from managed_login.flow import Step
 from tests.browser_adapters.outlook_mock import Insert, OutlookAccount, on_insert, prepared_reply
@@ -120,7 +120,7 @@ async def test_a_page_that_stops_answering_before_send_sends_nothing_and_leaves_
 
     on_insert(monkeypatch, stuck_then_expiring)
     if not discards:
-        monkeypatch.setattr(outlook, "_discard_stuck", _no_discard)
+        monkeypatch.setattr(webmail, "discard_stuck", _no_discard)
     with pytest.raises(NotHandedOver, match="Send was not pressed"):
         await channel.send(handover)
     assert account.sent_copies(message.internet_message_id) == 0
