@@ -1,5 +1,6 @@
-"""A Microsoft mailbox of a mock server of the module's own, reached through Outlook on the
-web in headless Chromium: what the Outlook Web adapter's tests share."""
+"""A mailbox of a mock server of the module's own, reached through its web app in headless
+Chromium (Microsoft's through Outlook on the web here; ``gmail_mock`` for Google's): what
+the web app adapters' tests share."""
 
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from browser_adapters import webmail
 from browser_adapters.outlook import OutlookWeb
 from browser_adapters.outlook_pages import Composer
 from browser_adapters.session import Browsers, BrowserSettings, MailboxBrowser
+from browser_adapters.webmail import WebMail
 from fixtures.admin import MockAdmin, WebClock
 from managed_login.flow import WorkerSignIn
 from managed_login.totp import Codes
@@ -46,6 +48,8 @@ class OutlookAccount:
     browsers: list[Browsers] = field(default_factory=list[Browsers])
 
     PROVIDER: ClassVar[str] = "microsoft"
+    CHANNEL: ClassVar[type[WebMail]] = OutlookWeb
+    APP_PATH: ClassVar[str] = APP
 
     def __post_init__(self) -> None:
         if self.create:
@@ -63,13 +67,13 @@ class OutlookAccount:
 
     def build(
         self, *, page_size: int = 3, worker: Callable[[], WorkerSignIn] | None = None
-    ) -> OutlookWeb:
+    ) -> WebMail:
         browsers = Browsers(self.settings())
         self.browsers.append(browsers)
-        return OutlookWeb(
+        return self.CHANNEL(
             MailboxBrowser(browsers, "ws-test", self.address),
             self.address,
-            self.admin.base_url + APP,
+            self.admin.base_url + self.APP_PATH,
             worker or self.worker,
             workspace_id="ws-test",
             page_size=page_size,
@@ -133,7 +137,7 @@ def on_insert(
 
 
 async def prepared_reply(
-    account: OutlookAccount, channel: OutlookWeb, **update: object
+    account: OutlookAccount, channel: WebMail, **update: object
 ) -> tuple[OutgoingMessage, Handover]:
     """The client's first message delivered and read through ``channel``, and our reply to
     it (with ``update``'s fields) prepared."""
