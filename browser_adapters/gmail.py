@@ -40,6 +40,7 @@ from agent.domain.context import MailboxBinding
 from agent.domain.errors import (
     NotFound,
     ProviderError,
+    SignInFailed,
     TransientFailure,
     Unsupported,
 )
@@ -100,6 +101,10 @@ class GmailWeb(WebMail):
     HOME = "#inbox"
     SEARCHES = (MarkerKind.HEADER, MarkerKind.MESSAGE_ID)
     MARKER_PREFIX = MARKER_PREFIX
+    SUBJECT_IN_EVERY_COMPOSER = False
+    """A reply under a conversation keeps Gmail's subject ("Re: " and the original's)."""
+    CLASS_PREFIXES = "gmail-"
+    """Gmail may prefix the classes of HTML it takes in a composer with ``gmail-``."""
 
     def _setup(self) -> None:
         self._settings_checked = False
@@ -116,9 +121,9 @@ class GmailWeb(WebMail):
         """A whole load of ``url`` (a new address after ``#`` alone would keep the page the
         app drew before, and would not meet a sign-in at the server)."""
         same_page = urlsplit(page.url)._replace(fragment="") == urlsplit(url)._replace(fragment="")
-        await goto(page, url)
         if same_page:
-            await page.reload()
+            await goto(page, "about:blank")
+        await goto(page, url)
 
     async def _open(self, where: str) -> GmailPage:
         return GmailPage(await self._open_page(where))
@@ -162,26 +167,37 @@ class GmailWeb(WebMail):
         return ChangePage(items=tuple(found), cursor=state.encode(), more=False)
 
     async def _rows(self, folder: str) -> list[tuple[str, str]]:
-        """The list's threads as its rows show them, newest first: each one's id and its
-        last message's (once the list shows a row, or says it is empty)."""
+        """The first page of the list's threads as its rows show them, newest first: each
+        one's id and its last message's, from the row's subject (once the list shows a row,
+        or says it is empty). A row without them is a page this channel cannot read
+        (``TransientFailure``), never a row passed over."""
+        return (await self._listed(folder))[0]
+
+    async def _listed(self, folder: str) -> tuple[list[tuple[str, str]], bool]:
+        """``_rows``, and whether they are the whole list (its "Older" is disabled)."""
         shown = await self._open("#" + folder)
         rows = shown.rows(folder)
         await rows.first.or_(shown.empty).wait_for()
         found: list[list[str]] = await rows.evaluate_all(
             "rows => rows.map(r => { const s = r.querySelector('[data-legacy-last-message-id]');"
-            " return [r.dataset.legacyThreadId || '', s ? s.dataset.legacyLastMessageId : '']; })"
+            " return s ? [s.dataset.legacyThreadId || '', s.dataset.legacyLastMessageId || '']"
+            " : ['', '']; })"
         )
-        return [(thread, last) for thread, last in found if _ID.fullmatch(thread)]
+        if not all(_ID.fullmatch(thread) and _ID.fullmatch(last) for thread, last in found):
+            raise TransientFailure(
+                f"mailbox {self._mailbox_id}: a row of Gmail's {folder} list names no thread "
+                "and last message this channel can read; nothing was taken from the list"
+            )
+        whole = not found or await shown.older_disabled.is_visible()
+        return [(thread, last) for thread, last in found], whole
 
     async def _thread(self, thread: str) -> list[_Message]:
-        """A thread's messages, oldest first, with each one's sender (nothing when the
-        mailbox has no such thread)."""
+        """A thread's messages, oldest first, with each one's sender, once its conversation
+        shows (one that does not show within the bound is a page that did not answer:
+        ``TransientFailure``, never a thread without messages)."""
         await self._no_mark_read()
         shown = await self._open(f"#inbox/{thread}")
-        heading = shown.heading(int(thread, 16))
-        await heading.or_(shown.rows("inbox").first).or_(shown.empty).wait_for()
-        if not await heading.is_visible():
-            return []
+        await shown.heading(int(thread, 16)).wait_for()
         found: list[list[str]] = await shown.messages.evaluate_all(
             "els => els.map(e => { const who = e.querySelector('[email]');"
             " return [e.dataset.legacyMessageId || '', who ? who.getAttribute('email') : '']; })"
@@ -199,9 +215,7 @@ class GmailWeb(WebMail):
         """A message's exact bytes: "Show original", then its "Download Original"."""
         if not _ID.fullmatch(ref):
             raise NotFound(f"{ref!r} is not a Gmail message id")
-        if not self._verified:
-            await self._open(self.HOME)  # whose session it is, checked where the app shows it
-        page = await self._open_page(f"?view=om&permmsgid=msg-f:{int(ref, 16)}")
+        page = await self._original(f"?view=om&permmsgid=msg-f:{int(ref, 16)}")
         original = OriginalPage(page)
         await original.title.or_(original.missing).wait_for()
         if not await original.title.is_visible():
@@ -216,6 +230,26 @@ class GmailWeb(WebMail):
                 f"{ref!r} (HTTP {response.status}); try again later"
             )
         return await response.body()
+
+    async def _original(self, path: str) -> Page:
+        """A page of the app that does not show the account (a message's original), loaded
+        once the account was verified where the app shows it; signed in again, and the
+        account verified again, when the session ended meanwhile."""
+        if not self._verified:
+            await self._open(self.HOME)
+        page = await self._working_page()
+        await self._go(page, self._app + path)
+        if not self._in_app(page.url):
+            await self._open(self.HOME)  # signs in and verifies the account
+            page = await self._working_page()
+            await self._go(page, self._app + path)
+            if not self._in_app(page.url):
+                raise SignInFailed(
+                    f"mailbox {self._mailbox_id}: Gmail sent the browser to sign in again "
+                    "right after a managed login",
+                    "run `outloop login` for the mailbox and check its output",
+                )
+        return page
 
     async def _parent_thread(self, message: OutgoingMessage) -> str:
         return (await self._parent(message)).thread
@@ -300,29 +334,32 @@ class GmailWeb(WebMail):
         self, thread: str, ours: Callable[[bytes, str], StoredCopy | None]
     ) -> StoredCopy | None:
         """The first sent message ``ours`` accepts, newest first: the named thread's, then
-        the newest ``SENT_SCAN`` threads of Sent. None only when Sent lists fewer threads
-        than a page holds; else the absence is not proven (``TransientFailure``)."""
-        rows = [t for t, _ in await self._rows("sent")]
-        order = [*([thread] if thread and _ID.fullmatch(thread) else []), *rows]
-        for each in list(dict.fromkeys(order))[:SENT_SCAN]:
+        the threads of Sent's first page (at most ``SENT_SCAN``). None only when that page
+        is the whole list ("Older" disabled) and every thread on it was read; else the
+        absence is not proven (``TransientFailure``)."""
+        listed, whole = await self._listed("sent")
+        rows = [t for t, _ in listed]
+        named = [thread] if thread and _ID.fullmatch(thread) else []
+        order = list(dict.fromkeys([*named, *rows]))
+        for each in order[:SENT_SCAN]:
             for message in reversed(await self._thread(each)):
                 if message.sender != self._mailbox_id:
                     continue
                 copy = ours(await self._sent_source(message.id, self._source), message.id)
                 if copy is not None:
                     return copy
-        if len(rows) < SENT_SCAN:
+        if whole and len(order) <= SENT_SCAN:
             return None
         raise TransientFailure(
-            f"mailbox {self._mailbox_id}: no copy among the newest {SENT_SCAN} threads of "
-            "Sent, and Gmail lists more: its absence is not proven; it is settled through "
-            "another channel or by a person"
+            f"mailbox {self._mailbox_id}: no copy among the newest threads of Sent, and "
+            "Gmail lists more: its absence is not proven; it is settled through another "
+            "channel or by a person"
         )
 
 
 def _by_token(raw: bytes, ref: str, token: str) -> StoredCopy | None:
     copy = _ours(stored_copy(raw, ref))
-    return copy if carries(copy.html or "", token) else None
+    return copy if carries(copy.html or "", token, GmailWeb.CLASS_PREFIXES) else None
 
 
 def _by_header(raw: bytes, ref: str, token: str) -> StoredCopy | None:

@@ -32,15 +32,11 @@ class GmailPage:
             "Your changes have been saved.", exact=True
         )
         self.save_settings = page.get_by_role("button", name="Save Changes", exact=True)
-        self.sent_alert = page.get_by_role("alert").get_by_text("Message sent.", exact=True)
+        self.older_disabled = self.main.get_by_role("button", name="Older", disabled=True)
 
     def rows(self, folder: str) -> Locator:
         """The rows of a list (``inbox``, ``sent``, ``drafts``), newest first."""
         return self.main.get_by_role("grid", name=TITLES[folder]).get_by_role("row")
-
-    def subject_of(self, row: Locator) -> Locator:
-        """The row's subject: Gmail marks it with the thread's and its last message's ids."""
-        return row.locator("[data-legacy-thread-id]").last
 
     def heading(self, thread_number: int) -> Locator:
         """A conversation's subject heading, for the thread (``thread-f:<decimal>``)."""
@@ -96,8 +92,10 @@ class GmailComposer:
 
     @classmethod
     def window(cls, page: Page) -> GmailComposer:
-        """The composer window open on the page (Compose, or a saved draft)."""
-        return cls(page.get_by_role("dialog").and_(page.locator("[data-composer]:visible")))
+        """The composer window open on the page (Compose, or a saved draft): the dialog
+        with a message body."""
+        body = page.get_by_role("textbox", name="Message Body", exact=True)
+        return cls(page.get_by_role("dialog").filter(has=body))
 
     def chips(self, field: str) -> Locator:
         return self.to_chips if field == "to" else self.cc_chips

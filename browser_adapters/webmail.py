@@ -147,6 +147,8 @@ class WebMail(ABC):
     """How this channel's native markers begin."""
     CLASS_PREFIXES: ClassVar[str] = ""
     """A regex of what the app prefixes the classes of what it shows with."""
+    SUBJECT_IN_EVERY_COMPOSER: ClassVar[bool] = True
+    """Every composer of the app has a subject field (filled, waiting for it to show)."""
     SEND_CALL: ClassVar[str] = "/_api/send"
     """The call the app's Send makes (its answer is read)."""
 
@@ -507,7 +509,7 @@ class WebMail(ABC):
         message = handover.message
         await composer.body.wait_for()
         await self._recipients(composer, handover)
-        await _subject(composer, message)
+        await self._subject(composer, message)
         await insert_composed(composer, wrapped(message))
         if message.attachments:
             await composer.attach.set_input_files(
@@ -549,7 +551,7 @@ class WebMail(ABC):
                 await self._write(composer, handover)
             else:
                 await self._recipients(composer, handover)
-                await _subject(composer, handover.message)
+                await self._subject(composer, handover.message)
         except PlaywrightError as exc:
             raise NotHandedOver(
                 f"mailbox {self._mailbox_id}: {self.APP} did not answer while the message was "
@@ -594,6 +596,11 @@ class WebMail(ABC):
             return None
         ids = rfc822.header_ids(rfc822.parse(raw), "Message-ID")
         return ids[0] if ids else None
+
+    async def _subject(self, composer: Composer, message: OutgoingMessage) -> None:
+        """The planned subject, where the composer has a subject field."""
+        if self.SUBJECT_IN_EVERY_COMPOSER or await composer.subject.count():
+            await composer.subject.fill(message.subject)
 
     def _is_send(self, response: Response) -> bool:
         return response.request.method == "POST" and response.url.endswith(self.SEND_CALL)
@@ -645,13 +652,6 @@ class WebMail(ABC):
     async def aclose(self) -> None:
         self._page = None
         await self._browser.aclose()
-
-
-async def _subject(composer: Composer, message: OutgoingMessage) -> None:
-    """The planned subject, where the composer has a subject field (a reply under a
-    conversation may keep the app's)."""
-    if await composer.subject.count():
-        await composer.subject.fill(message.subject)
 
 
 async def _chips(composer: Composer, name: str) -> list[str]:

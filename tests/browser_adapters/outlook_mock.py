@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 import pytest
+from playwright.async_api import expect
 
 from agent.domain.mail import Handover, OutgoingMessage
 from agent.domain.secrets import Secret
@@ -20,7 +21,6 @@ from agent.providers import mime
 from agent.testing.providers import envelopes, raw_message, read_all, reply
 from browser_adapters import webmail
 from browser_adapters.outlook import OutlookWeb
-from browser_adapters.outlook_pages import Composer
 from browser_adapters.session import Browsers, BrowserSettings, MailboxBrowser
 from browser_adapters.webmail import WebMail
 from fixtures.admin import MockAdmin, WebClock
@@ -46,6 +46,8 @@ class OutlookAccount:
     create: bool = True
     """Create the account (False: another part of the test made it)."""
     browsers: list[Browsers] = field(default_factory=list[Browsers])
+    made: dict[str, Any] = field(default_factory=dict[str, Any])
+    """What the mock answered when it made the account (its OAuth client and tokens)."""
 
     PROVIDER: ClassVar[str] = "microsoft"
     CHANNEL: ClassVar[type[WebMail]] = OutlookWeb
@@ -53,7 +55,7 @@ class OutlookAccount:
 
     def __post_init__(self) -> None:
         if self.create:
-            self.admin.account(self.address, self.PROVIDER)
+            self.made = self.admin.account(self.address, self.PROVIDER)
         self.password = self.password or "pw-" + self.address
 
     def worker(self) -> WorkerSignIn:
@@ -123,17 +125,35 @@ Insert = Callable[[webmail.Composer, str], Awaitable[None]]
 
 
 def on_insert(
-    monkeypatch: pytest.MonkeyPatch, then: Callable[[Insert, Composer, str], Awaitable[None]]
+    monkeypatch: pytest.MonkeyPatch,
+    then: Callable[[Insert, webmail.Composer, str], Awaitable[None]],
 ) -> None:
     """The adapter's HTML insertion replaced by ``then``, handed the real one: the moment a
-    test makes something happen in the middle of writing a reply in Outlook."""
+    test makes something happen in the middle of writing a reply."""
     inserted: Insert = webmail.insert_composed
 
     async def instead(composer: webmail.Composer, markup: str) -> None:
-        assert isinstance(composer, Composer)
         await then(inserted, composer, markup)
 
     monkeypatch.setattr(webmail, "insert_composed", instead)
+
+
+def expiring(monkeypatch: pytest.MonkeyPatch, account: OutlookAccount, *, after_save: bool) -> None:
+    """The session ends once, when the reply's HTML goes into the editor (after the app
+    saved the draft, or before it could)."""
+    ended: list[bool] = []
+
+    async def then_expire(inserted: Insert, composer: webmail.Composer, markup: str) -> None:
+        if not after_save and not ended:
+            ended.append(True)
+            account.admin.faults(expire_web_sessions=True)
+        await inserted(composer, markup)
+        if after_save and not ended:
+            ended.append(True)
+            await expect(composer.status).to_contain_text("Draft saved")
+            account.admin.faults(expire_web_sessions=True)
+
+    on_insert(monkeypatch, then_expire)
 
 
 async def prepared_reply(

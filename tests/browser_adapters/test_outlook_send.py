@@ -11,8 +11,7 @@ from playwright.async_api import Route
 from agent.domain.errors import AccessRefused, NotHandedOver, OutcomeUnknown, TransientFailure
 from agent.domain.mail import Marker, MarkerKind
 from agent.testing.providers import envelopes, raw_message, read_all, reply
-from browser_adapters import outlook
-from browser_adapters.outlook_pages import Composer
+from browser_adapters import outlook, webmail
 from tests.browser_adapters.outlook_mock import Insert, OutlookAccount, on_insert, prepared_reply
 
 pytestmark = pytest.mark.anyio
@@ -30,7 +29,7 @@ def _answering_send(
             await route.fetch()
         await route.fulfill(status=status, body=body, content_type="application/json")
 
-    async def then_answered(inserted: Insert, composer: Composer, markup: str) -> None:
+    async def then_answered(inserted: Insert, composer: webmail.Composer, markup: str) -> None:
         await composer.root.page.route("**/_api/send", answer)
         await inserted(composer, markup)
 

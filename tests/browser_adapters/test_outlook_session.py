@@ -14,30 +14,16 @@ from agent.testing.providers import CLIENT
 from browser_adapters import webmail
 from browser_adapters.outlook_pages import Composer
 from managed_login.flow import Step
-from tests.browser_adapters.outlook_mock import Insert, OutlookAccount, on_insert, prepared_reply
+from tests.browser_adapters.outlook_mock import (
+    Insert,
+    OutlookAccount,
+    expiring,
+    on_insert,
+    prepared_reply,
+)
 
 pytestmark = pytest.mark.anyio
 MAILBOX = "support@fabrikam.test"
-
-
-def _expiring(
-    monkeypatch: pytest.MonkeyPatch, account: OutlookAccount, *, after_save: bool
-) -> None:
-    """The session ends once, when the reply's HTML goes into the editor (after the app
-    saved the draft, or before it could)."""
-    ended: list[bool] = []
-
-    async def then_expire(inserted: Insert, composer: Composer, markup: str) -> None:
-        if not after_save and not ended:
-            ended.append(True)
-            account.admin.faults(expire_web_sessions=True)
-        await inserted(composer, markup)
-        if after_save and not ended:
-            ended.append(True)
-            await expect(composer.status).to_contain_text("Draft saved")
-            account.admin.faults(expire_web_sessions=True)
-
-    on_insert(monkeypatch, then_expire)
 
 
 @pytest.mark.parametrize("after_save", [True, False], ids=["draft_saved", "nothing_saved"])
@@ -46,7 +32,7 @@ async def test_a_session_ending_mid_reply_signs_in_again_and_sends_the_reply_onc
 ) -> None:
     channel = account.build()
     message, handover = await prepared_reply(account, channel)
-    _expiring(monkeypatch, account, after_save=after_save)
+    expiring(monkeypatch, account, after_save=after_save)
     result = await channel.send(handover)
     assert channel.last_login is not None and Step.PASSWORD in channel.last_login.steps
     assert handover.marker is not None
@@ -68,7 +54,7 @@ async def test_a_half_written_draft_is_discarded_and_the_reply_written_again_aft
     )
     calls: list[str] = []
 
-    async def half_then_whole(inserted: Insert, composer: Composer, markup: str) -> None:
+    async def half_then_whole(inserted: Insert, composer: webmail.Composer, markup: str) -> None:
         calls.append(markup)
         if len(calls) > 1:
             await inserted(composer, markup)
@@ -109,7 +95,9 @@ async def test_a_page_that_stops_answering_before_send_sends_nothing_and_leaves_
     message, handover = await prepared_reply(account, channel)
     calls: list[str] = []
 
-    async def stuck_then_expiring(inserted: Insert, composer: Composer, markup: str) -> None:
+    async def stuck_then_expiring(
+        inserted: Insert, composer: webmail.Composer, markup: str
+    ) -> None:
         calls.append(markup)
         await inserted(composer, markup)
         await expect(composer.status).to_contain_text("Draft saved")
