@@ -15,7 +15,7 @@ and the contract suites every adapter runs.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Protocol, runtime_checkable
 
 from agent.domain.dispositions import Disposition
@@ -36,11 +36,14 @@ from agent.domain.records import (
     Binding,
     ClaimRequest,
     ClaimResult,
+    CycleRow,
+    DispatcherRow,
     DraftRecord,
     Escalation,
     EscalationDraft,
     HealthRecord,
     LearningProposal,
+    Lease,
     ReportRequest,
     SendAttempt,
     SendEvent,
@@ -148,6 +151,13 @@ class Registry(Protocol):
     def get_workspace(self, workspace_id: str) -> WorkspaceRow | None: ...
     def list_workspaces(self) -> list[WorkspaceRow]: ...
     def bindings_for_mailbox(self, provider: str, mailbox_id: str) -> list[Binding]: ...
+    def set_schedule(self, row: WorkspaceRow) -> None:
+        """Record the row's schedule fields (for a row registered before schedules)."""
+        ...
+
+    def held_minutes(self) -> dict[int, str]:
+        """Each schedule minute a workspace holds alone, and which workspace."""
+        ...
 
 
 class RunLedger(Protocol):
@@ -367,6 +377,43 @@ class Health(Protocol):
     def list_health(self) -> list[HealthRecord]: ...
 
 
+class Dispatch(Protocol):
+    """Named leases, the dispatcher processes and the scheduled cycles they ran."""
+
+    def take_lease(
+        self, name: str, holder: str, now: datetime, ttl: timedelta, dead: str | None = None
+    ) -> Lease | None:
+        """Take or renew; None while another live holder keeps it (``dead``: a holder the
+        caller proved dead, whose lease is taken before it expires)."""
+        ...
+
+    def get_lease(self, name: str) -> Lease | None: ...
+    def release_lease(self, name: str, holder: str) -> None: ...
+    def record_dispatcher(self, row: DispatcherRow) -> None: ...
+    def list_dispatchers(self, workspace_id: str) -> list[DispatcherRow]: ...
+    def start_cycle(
+        self,
+        workspace_id: str,
+        scheduled_for: datetime,
+        holder: str,
+        now: datetime,
+        dead: str | None = None,
+    ) -> bool:
+        """Start the cycle due then; False when it finished, or a live holder runs it."""
+        ...
+
+    def finish_cycle(
+        self,
+        workspace_id: str,
+        scheduled_for: datetime,
+        holder: str,
+        now: datetime,
+        run_id: str | None,
+        outcome: str,
+    ) -> None: ...
+    def list_cycles(self, workspace_id: str, limit: int = 20) -> list[CycleRow]: ...
+
+
 class Inspect(Protocol):
     """What contract suites, benchmarks and operators read of the database itself."""
 
@@ -385,6 +432,7 @@ class Store(
     Drafts,
     Proposals,
     Health,
+    Dispatch,
     Inspect,
     Protocol,
 ):

@@ -27,6 +27,7 @@ from agent.providers.maildir import MaildirProvider
 from agent.services.access import AccessRoute, Action, Candidate, Refusal
 from agent.services.clock import SystemClock
 from agent.services.intake import ProviderFactory
+from agent.services.schedule import Installation
 from agent.services.workspaces import DataDir
 from agent.storage.backend import DATABASE_URL_SETTING, open_store
 from managed_login import vault
@@ -238,9 +239,17 @@ class Providers:
     from it; a refresh token the provider rotates is written back to it)."""
 
     def __init__(
-        self, settings: Settings, health: Health | None = None, clock: Clock | None = None
+        self,
+        settings: Settings,
+        health: Health | None = None,
+        clock: Clock | None = None,
+        *,
+        registered: bool = True,
     ) -> None:
         self._settings = settings
+        self._registered = registered
+        """False while a workspace is bootstrapped: 'outloop connect' needs it registered,
+        so a missing secret is named for 'outloop vault set'."""
         self._vault: Vault | None = None
         self._health = health
         self._clock: Clock = clock or SystemClock()
@@ -465,13 +474,32 @@ class Providers:
         except ContextError as exc:
             fix = (
                 connect_command(workspace_id, binding.mailbox_id)
-                if binding.provider in API_PROVIDERS and Channel.API in binding.permitted_channels
+                if self._registered
+                and binding.provider in API_PROVIDERS
+                and Channel.API in binding.permitted_channels
                 else f"outloop vault set {workspace_id} {binding.mailbox_id} {name}"
             )
             raise AuthenticationExpired(
                 f"mailbox {binding.mailbox_id}: its {name!r} cannot be read from the vault "
                 f"({exc}); store it with '{fix}'"
             ) from None
+
+
+def installation() -> Installation:
+    """Where this Outloop runs from: the interpreter, the directory its packages are
+    installed in, and the distribution's version (what a dispatcher records and verify
+    compares)."""
+    import importlib.metadata  # noqa: PLC0415
+    import sys  # noqa: PLC0415
+
+    import agent  # noqa: PLC0415
+
+    try:
+        version = importlib.metadata.version("outloop")
+    except importlib.metadata.PackageNotFoundError:
+        version = "unknown"
+    install = str(Path(agent.__file__).resolve().parent.parent)
+    return Installation(executable=sys.executable, install=install, version=version)
 
 
 def _digest(binding: MailboxBinding) -> str:

@@ -155,11 +155,7 @@ class World:
     def worker(self, crash: str | None = None) -> Worker:
         """A worker running ``outloop run --once`` on this world's station, armed to kill
         itself at the crash point ``crash`` (``name:skip``) if given."""
-        env = {k: v for k, v in os.environ.items() if not k.startswith("OUTLOOP_")}
-        if crash:
-            env["OUTLOOP_CRASHPOINT"] = crash
-        if self.database_url is not None:
-            env[DATABASE_URL_SETTING] = self.database_url
+        env = self.worker_env(crash)
         self.workers += 1
         FORKSERVER.set_forkserver_preload([__name__])  # once the server runs: no effect
         return Worker(
@@ -167,6 +163,15 @@ class World:
              "--data-dir", str(self.data_dir.root)],
             env, self.root / "stderr" / f"worker-{self.workers}.log",
         )  # fmt: skip
+
+    def worker_env(self, crash: str | None = None) -> dict[str, str]:
+        """A worker's environment: this world's store, armed at ``crash`` if given."""
+        env = {k: v for k, v in os.environ.items() if not k.startswith("OUTLOOP_")}
+        if crash:
+            env["OUTLOOP_CRASHPOINT"] = crash
+        if self.database_url is not None:
+            env[DATABASE_URL_SETTING] = self.database_url
+        return env
 
     def store(self) -> EmbeddedStore:
         if self.database_url is not None:

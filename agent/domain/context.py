@@ -523,7 +523,21 @@ class TaskBoardConfig(_Model):
 
 
 class Schedule(_Model):
-    timezone: str | None = None
+    timezone: str | None = Field(
+        default=None,
+        description="the timezone the schedule runs in (default: the workspace timezone)",
+    )
+
+    @field_validator("timezone")
+    @classmethod
+    def _tz(cls, value: str | None) -> str | None:
+        if value is None:
+            return value
+        try:
+            ZoneInfo(value)
+        except (ZoneInfoNotFoundError, ValueError) as exc:
+            raise ValueError(f"unknown timezone {value!r} (use an IANA name such as UTC)") from exc
+        return value
 
 
 class Attachments(_Model):
@@ -598,6 +612,11 @@ class WorkspaceContext(_Model):
     @property
     def tz(self) -> ZoneInfo:
         return ZoneInfo(self.timezone)
+
+    @property
+    def schedule_timezone(self) -> str:
+        """The timezone the schedule runs in: ``schedule.timezone``, else the workspace's."""
+        return self.schedule.timezone or self.timezone
 
     def contact(self, address: str) -> Contact | None:
         wanted = address.strip().lower()

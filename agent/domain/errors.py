@@ -85,6 +85,10 @@ class WorkspaceExists(RegistryError):
         self.workspace_id = workspace_id
 
 
+class MinuteTaken(RegistryError):
+    """Another workspace registered the chosen schedule minute meanwhile: choose again."""
+
+
 class UnknownTask(RegistryError):
     """No task has this id."""
 

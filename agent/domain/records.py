@@ -264,6 +264,13 @@ class WorkspaceRow(BaseModel):
     # The registered context itself, so every machine sharing the store reads the same one
     # (None only for rows registered before the store kept it; then context_path is read).
     context_text: str | None = None
+    # The schedule's minute, chosen once at registration (None for rows registered before
+    # schedules were kept), its expression, and its derivation (a MinuteChoice as JSON).
+    schedule_minute: int | None = None
+    schedule_expression: str | None = None
+    schedule_derivation: str | None = None
+    schedule_shared: bool = False
+    """Every minute was held when it was chosen: it shares its derived minute."""
 
 
 class Binding(BaseModel):
@@ -287,6 +294,51 @@ class Escalation(BaseModel):
     mailbox_id: str
     item_ref: str
     created_at: datetime
+
+
+class Lease(BaseModel):
+    """Who holds a named lease (a workspace's dispatcher, a shared mailbox's scan) and until
+    when: another holder may take it only once it expired or its holder is proven dead."""
+
+    model_config = ConfigDict(frozen=True)
+
+    name: str
+    holder: str
+    acquired_at: datetime
+    renewed_at: datetime
+    expires_at: datetime
+
+
+class DispatcherRow(BaseModel):
+    """A dispatcher process as it last reported itself."""
+
+    model_config = ConfigDict(frozen=True)
+
+    holder: str
+    workspace_id: str
+    role: str
+    """``active`` (holds the lease), ``standby``, ``one-shot`` (one cycle, as a host timer
+    runs it) or ``stopped``."""
+    executable: str
+    install: str
+    version: str
+    started_at: datetime
+    seen_at: datetime
+    detail: str = ""
+
+
+class CycleRow(BaseModel):
+    """One scheduled cycle of a workspace: who ran it, and whether it finished."""
+
+    model_config = ConfigDict(frozen=True)
+
+    workspace_id: str
+    scheduled_for: datetime
+    holder: str
+    started_at: datetime
+    finished_at: datetime | None = None
+    run_id: str | None = None
+    outcome: str | None = None
 
 
 class HealthRecord(BaseModel):

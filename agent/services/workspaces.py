@@ -24,6 +24,7 @@ from agent.domain.errors import ContextError, UnknownWorkspace, WorkspaceExists
 from agent.domain.records import Binding, WorkspaceRow
 from agent.domain.registry import Candidate
 from agent.ports import Registry
+from agent.services import schedule
 
 STATION_FILE = "station.yaml"
 
@@ -44,6 +45,10 @@ class DataDir:
 
     def context_file(self, workspace_id: str) -> Path:
         return self.root / "workspaces" / workspace_id / "context.yaml"
+
+    def tenant_config(self, workspace_id: str) -> Path:
+        """The workspace's tenant-config.md: its schedule minute and how it was chosen."""
+        return self.root / "workspaces" / workspace_id / "tenant-config.md"
 
 
 def read_context_file(path: Path) -> tuple[WorkspaceContext, str]:
@@ -107,8 +112,8 @@ def add_workspace(store: Registry, data_dir: DataDir, source: Path, now: datetim
         updated_at=now,
         context_text=text,
     )
-    store.register_workspace(row, _bindings(context))
-    return row
+    tenant_config = data_dir.tenant_config(context.workspace_id)
+    return schedule.register(store, tenant_config, row, _bindings(context))
 
 
 def update_workspace(
@@ -129,7 +134,7 @@ def update_workspace(
         }
     )
     store.update_workspace(row, _bindings(context))
-    return row
+    return schedule.restore(store, data_dir.tenant_config(context.workspace_id), row)
 
 
 def load_context(store: Registry, workspace_id: str) -> WorkspaceContext:

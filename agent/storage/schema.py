@@ -351,4 +351,50 @@ MIGRATIONS: tuple[tuple[int, tuple[Step, ...]], ...] = (
             "ALTER TABLE run_items ADD COLUMN reason TEXT NOT NULL DEFAULT ''",
         ),
     ),
+    (
+        7,
+        (
+            # The schedule's minute, chosen once when the workspace is registered, with its
+            # expression and derivation. Two workspaces hold one minute only when every
+            # minute is held (``schedule_shared``): the index keeps the others apart.
+            "ALTER TABLE workspaces ADD COLUMN schedule_minute INTEGER",
+            "ALTER TABLE workspaces ADD COLUMN schedule_expression TEXT",
+            "ALTER TABLE workspaces ADD COLUMN schedule_derivation TEXT",
+            "ALTER TABLE workspaces ADD COLUMN schedule_shared INTEGER NOT NULL DEFAULT 0",
+            "CREATE UNIQUE INDEX workspaces_schedule_minute ON workspaces (schedule_minute)"
+            " WHERE schedule_shared = 0 AND schedule_minute IS NOT NULL",
+            # Named leases: one workspace's dispatcher, one shared mailbox's scan.
+            """CREATE TABLE leases (
+                name TEXT PRIMARY KEY,
+                holder TEXT NOT NULL,
+                acquired_at REAL NOT NULL,
+                renewed_at REAL NOT NULL,
+                expires_at REAL NOT NULL
+            )""",
+            # Every dispatcher process as it last reported itself: what verify reads.
+            """CREATE TABLE dispatchers (
+                holder TEXT PRIMARY KEY,
+                workspace_id TEXT NOT NULL,
+                role TEXT NOT NULL,
+                executable TEXT NOT NULL,
+                install TEXT NOT NULL,
+                version TEXT NOT NULL,
+                started_at REAL NOT NULL,
+                seen_at REAL NOT NULL,
+                detail TEXT NOT NULL
+            )""",
+            "CREATE INDEX dispatchers_workspace ON dispatchers (workspace_id, seen_at)",
+            # Each scheduled cycle once: started by one dispatcher, finished or taken over.
+            """CREATE TABLE dispatch_cycles (
+                workspace_id TEXT NOT NULL,
+                scheduled_for REAL NOT NULL,
+                holder TEXT NOT NULL,
+                started_at REAL NOT NULL,
+                finished_at REAL,
+                run_id TEXT,
+                outcome TEXT,
+                PRIMARY KEY (workspace_id, scheduled_for)
+            )""",
+        ),
+    ),
 )

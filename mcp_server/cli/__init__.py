@@ -11,9 +11,11 @@ import click
 from mcp_server.cli.bench import bench
 from mcp_server.cli.connect import connect_command
 from mcp_server.cli.demo import demo_command
+from mcp_server.cli.dispatch import dispatch_command
 from mcp_server.cli.fixtures import fixtures
 from mcp_server.cli.login import login_command
 from mcp_server.cli.run import run_command
+from mcp_server.cli.schedule import schedule_group
 from mcp_server.cli.sends import sends
 from mcp_server.cli.serve import serve_command
 from mcp_server.cli.vault import vault
@@ -37,6 +39,8 @@ for command in (
     connect_command,
     login_command,
     run_command,
+    schedule_group,
+    dispatch_command,
     sends,
     demo_command,
     bench,

@@ -5,20 +5,22 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from datetime import datetime
+from functools import partial
 from pathlib import Path
 from typing import Any
 
+import anyio
 import click
 
 from agent.domain.records import LearningProposal, WorkspaceRow
 from agent.domain.task import Task
 from agent.domain.untrusted import flag
 from agent.ports import Registry
-from agent.services import workspaces
+from agent.services import bootstrap, workspaces
 from agent.services.clock import SystemClock
 from agent.services.workspaces import DataDir
-from mcp_server.cli.shared import data_dir_option, station_for
-from mcp_server.composition import Station
+from mcp_server.cli.shared import data_dir_option, read_settings, station_for
+from mcp_server.composition import Providers, Station
 
 ContextChange = Callable[[Registry, DataDir, Path, datetime], WorkspaceRow]
 
@@ -60,6 +62,74 @@ def workspace_update(context_file: Path, data_dir: Path | None) -> None:
     """Replace a registered workspace's context (re-read on every run)."""
     row = _from_file(workspaces.update_workspace, context_file, data_dir)
     click.echo(f"updated workspace {row.workspace_id}")
+
+
+@workspace.command("bootstrap")
+@context_file_option("The Workspace Context YAML file of the workspace being installed.")
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+@data_dir_option
+def workspace_bootstrap(context_file: Path, as_json: bool, data_dir: Path | None) -> None:
+    """Install one workspace: read every mailbox it binds back live from its provider (it
+    answers and is the bound one), then register only this workspace with its schedule
+    minute, read the exact row back, and report runtime_operational or name what is
+    missing. Nothing is written when a mailbox is not verified or the workspace is already
+    registered. Exit 0 operational, 1 refused (nothing written), 8 registered but something
+    the runtime needs is missing."""
+    settings = read_settings(data_dir)
+    with station_for(data_dir) as station:
+        providers = Providers(settings, registered=False)
+        try:
+            report = anyio.run(
+                partial(
+                    bootstrap.bootstrap,
+                    station.store,
+                    station.data_dir,
+                    context_file,
+                    providers,
+                    SystemClock().now(),
+                )
+            )
+        finally:
+            anyio.run(providers.aclose)
+    _echo_bootstrap(report, as_json)
+    if not report.runtime_operational:
+        raise SystemExit(EXIT_NOT_OPERATIONAL)
+
+
+EXIT_NOT_OPERATIONAL = 8
+
+
+def _echo_bootstrap(report: bootstrap.BootstrapReport, as_json: bool) -> None:
+    row = report.row
+    if as_json:
+        shown = {
+            "workspace_id": report.workspace_id,
+            "runtime_operational": report.runtime_operational,
+            "missing": report.missing,
+            "mailboxes": [
+                {"mailbox_id": m.mailbox_id, "provider": m.provider, "detail": m.detail}
+                for m in report.mailboxes
+            ],
+            "schedule": {
+                "expression": row.schedule_expression,
+                "minute": row.schedule_minute,
+                "derivation": json.loads(row.schedule_derivation or "null"),
+            },
+            "registry_row_confirmed": True,
+        }
+        click.echo(json.dumps(shown, indent=2, ensure_ascii=False))
+        return
+    for mailbox in report.mailboxes:
+        click.echo(f"verified {mailbox.mailbox_id} ({mailbox.provider}): {mailbox.detail}")
+    click.echo(f"registered workspace {row.workspace_id}; the row read back matches")
+    click.echo(f"schedule {row.schedule_expression} (recorded in tenant-config.md)")
+    if report.runtime_operational:
+        click.echo("runtime_operational")
+        click.echo(f"next: 'outloop dispatch --workspace {row.workspace_id}' runs its schedule")
+        return
+    click.echo("not operational yet; missing:")
+    for item in report.missing:
+        click.echo(f"  - {item}")
 
 
 @workspace.command("show")

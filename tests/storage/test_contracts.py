@@ -16,6 +16,7 @@ from agent.storage.sqlite import SqliteStore
 from agent.testing.storage import (
     ROLE_CONTRACTS,
     ClaimsContract,
+    DispatchContract,
     DraftsContract,
     HealthContract,
     InspectContract,
@@ -110,6 +111,12 @@ class TestHealthOnSqlite(OnSqlite, HealthContract): ...
 
 
 class TestHealthOnPostgres(OnPostgres, HealthContract): ...
+
+
+class TestDispatchOnSqlite(OnSqlite, DispatchContract): ...
+
+
+class TestDispatchOnPostgres(OnPostgres, DispatchContract): ...
 
 
 class TestInspectOnSqlite(OnSqlite, InspectContract): ...

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from agent.domain.errors import UnknownWorkspace, WorkspaceExists
+from agent.domain.errors import MinuteTaken, UnknownWorkspace, WorkspaceExists
 from agent.domain.records import Binding, WorkspaceRow
 from agent.storage.sql.core import Row, SqlBase, Tx, Verified, record_of, ts
 
@@ -14,8 +14,10 @@ class RegistryRows(SqlBase):
         def body(conn: Tx) -> None:
             inserted = conn.execute(
                 "INSERT INTO workspaces (workspace_id, label, context_path, context_sha256,"
-                " registered_at, updated_at, context_text) VALUES (?, ?, ?, ?, ?, ?, ?)"
-                " ON CONFLICT (workspace_id) DO NOTHING RETURNING workspace_id",
+                " registered_at, updated_at, context_text, schedule_minute,"
+                " schedule_expression, schedule_derivation, schedule_shared)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+                " ON CONFLICT DO NOTHING RETURNING workspace_id",
                 (
                     row.workspace_id,
                     row.label,
@@ -24,10 +26,19 @@ class RegistryRows(SqlBase):
                     ts(row.registered_at),
                     ts(row.updated_at),
                     row.context_text,
+                    row.schedule_minute,
+                    row.schedule_expression,
+                    row.schedule_derivation,
+                    int(row.schedule_shared),
                 ),
             ).fetchone()
             if inserted is None:
-                raise WorkspaceExists(row.workspace_id)
+                exists = conn.execute(
+                    "SELECT 1 FROM workspaces WHERE workspace_id = ?", (row.workspace_id,)
+                ).fetchone()
+                if exists is not None:
+                    raise WorkspaceExists(row.workspace_id)
+                raise MinuteTaken(f"minute {row.schedule_minute} was taken meanwhile")
             self._write_bindings(conn, row.workspace_id, bindings)
 
         def verify(conn: Tx) -> Verified[None]:
@@ -72,6 +83,36 @@ class RegistryRows(SqlBase):
     @staticmethod
     def _workspace(row: Row) -> WorkspaceRow:
         return record_of(WorkspaceRow, row, times=("registered_at", "updated_at"))
+
+    def set_schedule(self, row: WorkspaceRow) -> None:
+        """Record a schedule for a workspace registered before schedules were kept (or
+        repair a hand-edited one), only while the recorded one is still what was read."""
+
+        def body(conn: Tx) -> None:
+            updated = conn.execute(
+                "UPDATE workspaces SET schedule_minute = ?, schedule_expression = ?,"
+                " schedule_derivation = ?, schedule_shared = ? WHERE workspace_id = ?"
+                " RETURNING workspace_id",
+                (
+                    row.schedule_minute,
+                    row.schedule_expression,
+                    row.schedule_derivation,
+                    int(row.schedule_shared),
+                    row.workspace_id,
+                ),
+            ).fetchone()
+            if updated is None:
+                raise UnknownWorkspace(row.workspace_id)
+
+        self._write(body, None)  # writing the same values again changes nothing
+
+    def held_minutes(self) -> dict[int, str]:
+        """Each schedule minute a registered workspace holds alone, and which one."""
+        rows = self._read(
+            "SELECT schedule_minute, workspace_id FROM workspaces"
+            " WHERE schedule_minute IS NOT NULL AND schedule_shared = 0"
+        )
+        return {int(r["schedule_minute"]): str(r["workspace_id"]) for r in rows}
 
     def get_workspace(self, workspace_id: str) -> WorkspaceRow | None:
         rows = self._read("SELECT * FROM workspaces WHERE workspace_id = ?", (workspace_id,))

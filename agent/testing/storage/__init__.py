@@ -12,6 +12,7 @@ A backend's tests subclass each suite and supply where a store lives and how it 
 
 from agent.testing.storage.base import StoreContract
 from agent.testing.storage.claims import ClaimsContract
+from agent.testing.storage.dispatch import DispatchContract
 from agent.testing.storage.drafts import DraftsContract
 from agent.testing.storage.health import HealthContract
 from agent.testing.storage.inspect import InspectContract
@@ -26,6 +27,7 @@ from agent.testing.storage.thread_aliases import ThreadAliasesContract
 __all__ = [
     "ROLE_CONTRACTS",
     "ClaimsContract",
+    "DispatchContract",
     "DraftsContract",
     "HealthContract",
     "InspectContract",
@@ -50,6 +52,7 @@ ROLE_CONTRACTS: tuple[type[StoreContract], ...] = (
     DraftsContract,
     ProposalsContract,
     HealthContract,
+    DispatchContract,
     InspectContract,
 )
 """Every role's suite: a backend is done when it passes all of them."""

@@ -1,0 +1,256 @@
+"""The dispatcher: exactly one per workspace runs its cycles on the workspace's schedule.
+
+Whoever holds the workspace's lease in the store (PostgreSQL when machines share it) is the
+active dispatcher; any other stands by, saying who holds it, and takes over when the holder's
+lease lapses or the holder is proven dead. A cycle is recorded by its scheduled time, so an
+occurrence runs once: a cycle its dispatcher died in is run again by the next holder (the
+intake reconciles the dead run), and the latest occurrence missed while no dispatcher ran is
+caught up once. A shared mailbox is scanned under a lease of its own, so two workspaces'
+dispatchers never scan it at once.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from enum import StrEnum
+from typing import Protocol
+
+from agent.domain import schedule
+from agent.domain.records import DispatcherRow, Lease
+from agent.ports import Clock, Dispatch, Health
+from agent.services.holder import current_holder, holder_alive
+from agent.services.schedule import Installation
+
+LEASE_TTL = timedelta(seconds=60)
+RECENT_CYCLES = 20
+"""How far back a new holder looks for a cycle another dispatcher left unfinished."""
+
+
+class Role(StrEnum):
+    ACTIVE = "active"
+    STANDBY = "standby"
+    ONE_SHOT = "one-shot"
+    STOPPED = "stopped"
+
+
+@dataclass(frozen=True)
+class CycleOutcome:
+    run_id: str | None
+    outcome: str
+    """``clean``, ``not clean``, ``mailbox not read`` or ``failed: ...``."""
+
+
+class DispatchStore(Dispatch, Health, Protocol):
+    """What a dispatcher needs of the store."""
+
+
+@dataclass(frozen=True)
+class Plan:
+    """The workspace as the dispatcher runs it, re-read before each step."""
+
+    expression: str
+    timezone: str
+    shared_mailboxes: tuple[str, ...]
+    """``provider:mailbox`` of each shared mailbox the workspace reads."""
+
+
+def lease_name(workspace_id: str) -> str:
+    return f"dispatch {workspace_id}"
+
+
+def scan_lease_name(mailbox: str) -> str:
+    return f"scan {mailbox}"
+
+
+@dataclass
+class Dispatcher:
+    store: DispatchStore
+    workspace_id: str
+    here: Installation
+    clock: Clock
+    plan: Callable[[], Plan]
+    cycle: Callable[[], Awaitable[CycleOutcome]]
+    sleep: Callable[[float], Awaitable[None]]
+    say: Callable[[str], None]
+    lease_ttl: timedelta = LEASE_TTL
+    poll: float = 10.0
+    holder: str = field(default_factory=current_holder)
+    started_at: datetime | None = None
+    role: Role | None = None
+    requested: bool = False
+    """An operator asked for a cycle now (``outloop dispatch`` takes SIGUSR1 as that)."""
+
+    # -- the lease ------------------------------------------------------------------------
+
+    def _take(self, name: str) -> Lease | None:
+        """Take or renew the named lease; a holder proven dead loses it at once."""
+        now = self.clock.now()
+        current = self.store.get_lease(name)
+        dead = None
+        if current is not None and current.holder != self.holder:
+            dead = None if holder_alive(current.holder) else current.holder
+        return self.store.take_lease(name, self.holder, now, self.lease_ttl, dead=dead)
+
+    def _report(self, role: Role, detail: str = "") -> None:
+        now = self.clock.now()
+        if self.started_at is None:
+            self.started_at = now
+        if role != self.role:
+            self.say(f"{role}: {detail}" if detail else str(role))
+        self.role = role
+        self.store.record_dispatcher(
+            DispatcherRow(
+                holder=self.holder,
+                workspace_id=self.workspace_id,
+                role=role.value,
+                executable=self.here.executable,
+                install=self.here.install,
+                version=self.here.version,
+                started_at=self.started_at,
+                seen_at=now,
+                detail=detail,
+            )
+        )
+
+    def holder_of(self, name: str) -> str:
+        lease = self.store.get_lease(name)
+        if lease is None:
+            return "nobody"
+        for row in self.store.list_dispatchers(self.workspace_id):
+            if row.holder == lease.holder:
+                return (
+                    f"{_host_pid(lease.holder)} (from {row.install}, version {row.version}), "
+                    f"lease until {lease.expires_at:%H:%M:%S} UTC"
+                )
+        return f"{_host_pid(lease.holder)}, lease until {lease.expires_at:%H:%M:%S} UTC"
+
+    # -- what is due ----------------------------------------------------------------------
+
+    def due(self, plan: Plan) -> tuple[datetime, str | None] | None:
+        """The cycle to run now and the holder it is taken from: a cycle another dispatcher
+        left unfinished (this one holds the lease now, so that one lost it mid-cycle), else
+        the latest occurrence not yet run since the last cycle (or since this dispatcher
+        started, on a fresh install)."""
+        cycles = self.store.list_cycles(self.workspace_id, RECENT_CYCLES)
+        for cycle in reversed(cycles):  # oldest first
+            if cycle.finished_at is None and cycle.holder != self.holder:
+                return cycle.scheduled_for, cycle.holder
+        now = self.clock.now()
+        latest = schedule.previous_run(plan.expression, plan.timezone, now)
+        since = cycles[0].scheduled_for if cycles else self.started_at or now
+        if latest > since:
+            return latest, None
+        return None
+
+    # -- running --------------------------------------------------------------------------
+
+    async def run_cycle(self, scheduled_for: datetime, dead: str | None, plan: Plan) -> bool:
+        """Run the cycle due at ``scheduled_for`` once: False when another ran it."""
+        now = self.clock.now()
+        if not self.store.start_cycle(self.workspace_id, scheduled_for, self.holder, now, dead):
+            return False
+        held = await self._scan_leases(plan.shared_mailboxes)
+        try:
+            self.say(f"cycle due {scheduled_for:%Y-%m-%d %H:%M %Z}: running")
+            try:
+                outcome = await self.cycle()
+            except Exception as exc:
+                outcome = CycleOutcome(None, f"failed: {str(exc).splitlines()[0][:300]}")
+        finally:
+            for name in held:
+                self.store.release_lease(name, self.holder)
+        end = self.clock.now()
+        self.store.finish_cycle(
+            self.workspace_id, scheduled_for, self.holder, end, outcome.run_id, outcome.outcome
+        )
+        self.store.record_health(
+            f"dispatch {self.workspace_id}",
+            json.dumps(
+                {
+                    "scheduled_for": scheduled_for.isoformat(),
+                    "run_id": outcome.run_id,
+                    "outcome": outcome.outcome,
+                    "holder": self.holder,
+                }
+            ),
+            end,
+        )
+        self.say(f"cycle due {scheduled_for:%Y-%m-%d %H:%M %Z}: {outcome.outcome}")
+        return True
+
+    async def _scan_leases(self, mailboxes: Sequence[str]) -> list[str]:
+        """The scan lease of each shared mailbox, in one order (no two dispatchers wait on
+        each other), waiting while another workspace's dispatcher scans it."""
+        held: list[str] = []
+        for mailbox in sorted(mailboxes):
+            name = scan_lease_name(mailbox)
+            while self._take(name) is None:
+                self.say(f"waiting: shared mailbox {mailbox} is being scanned by another")
+                await self.sleep(self.poll)
+            held.append(name)
+        return held
+
+    async def step(self, run_now: bool = False) -> float:
+        """One turn: hold (or wait for) the lease, run what is due; the seconds to wait."""
+        plan = self.plan()
+        if self._take(lease_name(self.workspace_id)) is None:
+            held_by = self.holder_of(lease_name(self.workspace_id))
+            self._report(Role.STANDBY, f"the lease is held by {held_by}")
+            return self.poll
+        self._report(Role.ACTIVE, f"holds the lease of workspace {self.workspace_id}")
+        due = self.due(plan)
+        if due is not None:
+            await self.run_cycle(*due, plan)
+        if run_now or self.requested:
+            self.requested = False
+            await self.run_cycle(self.clock.now().replace(microsecond=0), None, plan)
+        self._report(Role.ACTIVE)
+        upcoming = schedule.next_runs(plan.expression, plan.timezone, self.clock.now(), 1)[0]
+        return max(0.0, min(self.poll, (upcoming - self.clock.now()).total_seconds()))
+
+    async def run(self, *, no_wait: bool = False, run_now: bool = False) -> bool:
+        """Run until cancelled; False at once when ``no_wait`` and another holds the lease."""
+        try:
+            first = True
+            while True:
+                wait = await self.step(run_now=run_now and first)
+                if self.role is Role.ACTIVE:
+                    first = False
+                elif no_wait:
+                    return False
+                await self.sleep(wait)
+        finally:
+            self.stop()
+
+    async def once(self) -> bool:
+        """One cycle now, as a host timer runs it: False when a dispatcher holds the lease."""
+        plan = self.plan()
+        name = lease_name(self.workspace_id)
+        if self._take(name) is None:
+            # Recorded all the same: a host timer and a running dispatcher are two.
+            self._report(Role.ONE_SHOT, f"not run: the lease is held by {self.holder_of(name)}")
+            return False
+        try:
+            self._report(Role.ONE_SHOT, "run by the host scheduler")
+            due = self.due(plan)
+            scheduled_for = due[0] if due is not None else self.clock.now().replace(microsecond=0)
+            await self.run_cycle(scheduled_for, due[1] if due else None, plan)
+            self._report(Role.ONE_SHOT, "run by the host scheduler")
+        finally:
+            self.store.release_lease(name, self.holder)
+        return True
+
+    def stop(self) -> None:
+        """Give the lease up and say so (a standby takes over at its next turn)."""
+        if self.role is Role.ACTIVE:
+            self.store.release_lease(lease_name(self.workspace_id), self.holder)
+        if self.role in (Role.ACTIVE, Role.STANDBY):
+            self._report(Role.STOPPED)
+
+
+def _host_pid(holder: str) -> str:
+    parts = holder.split("/")
+    return f"{parts[0]} pid {parts[2]}" if len(parts) >= 3 else holder

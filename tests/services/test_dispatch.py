@@ -1,0 +1,144 @@
+"""The dispatcher's loop on a clock the test drives (every sleep moves the clock, nothing is
+waited for): a cycle at each scheduled time across a week with a DST change, none on
+Saturday, each occurrence once; a missed occurrence caught up once; a standby that takes the
+lease only when it lapses; a shared mailbox scanned under its own lease."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from zoneinfo import ZoneInfo
+
+import anyio
+import pytest
+
+from agent.domain import schedule
+from agent.services.dispatch import CycleOutcome, Dispatcher, Plan, lease_name, scan_lease_name
+from agent.services.schedule import Installation
+from agent.storage.sqlite import SqliteStore
+from agent.testing import FrozenClock
+
+WS = "ws-dispatch-0001"
+TZ = "America/New_York"
+HERE = Installation(executable="/venv/bin/python", install="/opt/outloop", version="1.0")
+REMOTE = "elsewhere/1/4242/1/abcd1234"
+"""A holder on another machine: its liveness cannot be seen, only its lease."""
+
+
+class Stop(Exception):
+    """Ends a driven loop."""
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Iterator[SqliteStore]:
+    opened = SqliteStore(tmp_path / "store.db")
+    yield opened
+    opened.close()
+
+
+def driven(
+    store: SqliteStore,
+    clock: FrozenClock,
+    until: datetime,
+    shared: tuple[str, ...] = (),
+    holder: str = "here/1/1/1/self0001",
+) -> tuple[Dispatcher, list[datetime]]:
+    """A dispatcher whose sleeps advance ``clock`` and that stops at ``until``; the cycles it
+    ran, by the clock's time when each ran."""
+    ran: list[datetime] = []
+    expr = schedule.expression(schedule.derive_minute(WS))
+
+    async def cycle() -> CycleOutcome:
+        ran.append(clock.now())
+        return CycleOutcome(f"run-{len(ran)}", "clean")
+
+    async def sleep(seconds: float) -> None:
+        if clock.now() >= until:
+            raise Stop
+        clock.advance(seconds=max(seconds, 0.001))
+
+    dispatcher = Dispatcher(
+        store=store, workspace_id=WS, here=HERE, clock=clock,
+        plan=lambda: Plan(expr, TZ, shared), cycle=cycle, sleep=sleep,
+        say=lambda _: None, poll=900.0, lease_ttl=timedelta(minutes=30), holder=holder,
+    )  # fmt: skip
+    return dispatcher, ran
+
+
+def drive(dispatcher: Dispatcher) -> None:
+    async def main() -> None:
+        with contextlib.suppress(Stop):
+            await dispatcher.run()
+
+    anyio.run(main)
+
+
+def test_a_week_across_a_dst_change_runs_each_scheduled_cycle_once_and_none_on_saturday(
+    store: SqliteStore,
+) -> None:
+    start = datetime(2026, 10, 29, 0, 0, tzinfo=UTC)  # Thu; New York leaves DST on Sun Nov 1
+    clock = FrozenClock(start)
+    dispatcher, ran = driven(store, clock, start + timedelta(days=7))
+    drive(dispatcher)
+    expr = schedule.expression(schedule.derive_minute(WS))
+    expected = schedule.runs_between(expr, TZ, start, start + timedelta(days=7))
+    assert len(ran) == len(expected) == 42
+    for moment, due in zip(ran, expected, strict=True):
+        assert due <= moment < due + timedelta(seconds=1)  # at the minute, not a poll later
+        assert moment.astimezone(ZoneInfo(TZ)).weekday() != 5
+    cycles = store.list_cycles(WS, 100)
+    assert sorted(c.scheduled_for for c in cycles) == [d.astimezone(UTC) for d in expected]
+    assert all(c.outcome == "clean" and c.finished_at is not None for c in cycles)
+    lease = store.get_lease(lease_name(WS))
+    assert lease is None  # given up when it stopped
+
+
+def test_an_occurrence_missed_while_no_dispatcher_ran_is_caught_up_once(
+    store: SqliteStore,
+) -> None:
+    start = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)  # a Tuesday
+    clock = FrozenClock(start)
+    first, ran = driven(store, clock, start + timedelta(hours=4))
+    drive(first)
+    assert len(ran) == 2  # 08:mm and 10:mm New York time are 13:mm and 15:mm UTC
+    clock.moment = datetime(2026, 12, 1, 21, 0, tzinfo=UTC)  # 16:00 local: 12:mm, 14:mm missed
+    second, ran_again = driven(store, clock, clock.now())  # stops at its first sleep
+    drive(second)
+    assert len(ran_again) == 1  # the latest missed occurrence, once
+    [latest, *_] = store.list_cycles(WS)
+    assert latest.scheduled_for.astimezone(ZoneInfo(TZ)).hour == 14
+
+
+def test_a_standby_takes_the_lease_only_when_the_remote_holder_lets_it_lapse(
+    store: SqliteStore,
+) -> None:
+    clock = FrozenClock(datetime(2026, 12, 1, 12, 0, tzinfo=UTC))
+    assert store.take_lease(lease_name(WS), REMOTE, clock.now(), timedelta(seconds=60))
+    standby, ran = driven(store, clock, clock.now() + timedelta(seconds=50))
+    standby.poll = 10.0
+    drive(standby)
+    assert ran == [] and standby.role is not None
+    assert store.get_lease(lease_name(WS)) is not None
+    lease = store.get_lease(lease_name(WS))
+    assert lease is not None and lease.holder == REMOTE
+    later, _ = driven(store, clock, clock.now() + timedelta(seconds=120))
+    later.poll = 10.0
+    drive(later)
+    rows = {d.holder: d.role for d in store.list_dispatchers(WS)}
+    assert rows[later.holder] == "stopped"  # it became active after the lapse, then stopped
+
+
+def test_a_shared_mailbox_is_scanned_only_while_its_scan_lease_is_free(
+    store: SqliteStore,
+) -> None:
+    clock = FrozenClock(datetime(2026, 12, 1, 13, 0, tzinfo=UTC))
+    mailbox = "imap:shared@fabrikam.test"
+    other = "elsewhere/1/7/1/other001"
+    assert store.take_lease(scan_lease_name(mailbox), other, clock.now(), timedelta(minutes=5))
+    dispatcher, ran = driven(store, clock, clock.now() + timedelta(minutes=20), (mailbox,))
+    dispatcher.requested = True
+    drive(dispatcher)
+    assert ran and ran[0] >= datetime(2026, 12, 1, 13, 5, tzinfo=UTC)  # after the lease lapsed
+    assert store.get_lease(scan_lease_name(mailbox)) is None  # released after the cycle
