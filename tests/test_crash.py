@@ -207,33 +207,40 @@ def assert_recovered(world: World) -> dict[str, int]:
     assert _wait([world.worker() for _ in range(3)]) == [0, 0, 0]
     store = world.store()
     try:
-        # The clean run reconciled every earlier run its dead workers left open.
-        assert store.unreconciled_runs(WS) == []
-        for run_id in store.list_runs():
-            rec = store.run_summary(run_id)
-            assert rec is not None, f"run {run_id} was never reconciled"
-            ledger = store.ledger(run_id)
-            assert all(e.disposition is not None for e in ledger)
-            assert rec.scanned == len(ledger)
-            assert rec.scanned == (
-                rec.terminal + rec.non_terminal + rec.claim_race + rec.reconciliation_failed
-            )
+        counts = assert_nothing_lost_or_doubled(world, store)
         for run_id in store.list_runs()[-3:]:
             last = store.run_summary(run_id)
             assert last is not None and last.clean, last
-        counts = store.counts()
-        assert counts["executions"] == counts["executions_done"] == world.messages
-        assert counts["tasks"] == len(world.threads)  # one task per verified thread
-        assert counts["task_messages"] == world.messages
-        # Every task was triaged by the claim that created it, even when that claim was
-        # taken over from a dead worker: none is left half-made.
-        for task in store.list_tasks(WS):
-            assert task.state is TaskState.TASK_RESOLVED, (task.title, task.state)
-            assert task.execution_outcome == "QUEUED" and task.created_by
-        assert store.integrity_check() == "ok"
         return counts
     finally:
         store.close()
+
+
+def assert_nothing_lost_or_doubled(world: World, store: EmbeddedStore) -> dict[str, int]:
+    """Every run reconciled (scanned = the sum of its dispositions), every message executed
+    once, one task per thread, each triaged by the claim that created it."""
+    # The clean run reconciled every earlier run its dead workers left open.
+    assert store.unreconciled_runs(WS) == []
+    for run_id in store.list_runs():
+        rec = store.run_summary(run_id)
+        assert rec is not None, f"run {run_id} was never reconciled"
+        ledger = store.ledger(run_id)
+        assert all(e.disposition is not None for e in ledger)
+        assert rec.scanned == len(ledger)
+        assert rec.scanned == (
+            rec.terminal + rec.non_terminal + rec.claim_race + rec.reconciliation_failed
+        )
+    counts = store.counts()
+    assert counts["executions"] == counts["executions_done"] == world.messages
+    assert counts["tasks"] == len(world.threads)  # one task per verified thread
+    assert counts["task_messages"] == world.messages
+    # Every task was triaged by the claim that created it, even when that claim was taken
+    # over from a dead worker: none is left half-made.
+    for task in store.list_tasks(WS):
+        assert task.state is TaskState.TASK_RESOLVED, (task.title, task.state)
+        assert task.execution_outcome == "QUEUED" and task.created_by
+    assert store.integrity_check() == "ok"
+    return counts
 
 
 @pytest.mark.slow

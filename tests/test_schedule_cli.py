@@ -30,6 +30,7 @@ from agent.storage.sqlite import SqliteStore
 from agent.testing.contexts import context_yaml
 from mcp_server.cli import main
 from mcp_server.cli.schedule import crontab_line, on_calendar
+from mcp_server.composition import Settings
 
 WS = "ws-schedule-0001"
 
@@ -258,6 +259,7 @@ def test_show_emits_a_systemd_timer_in_the_schedule_timezone(station: Station) -
         in shown
     )
     assert f"-m mcp_server.cli dispatch --workspace {WS} --once --data-dir" in shown
+    assert "AccuracySec=1s" in shown and "EnvironmentFile=-" in shown
     code, shown = station.outloop("schedule", "show", "--workspace", WS, "--crontab")
     assert code == 1 and "no per-line timezone" in shown and "--systemd" in shown
 
@@ -290,8 +292,10 @@ def test_a_crontab_line_is_given_only_when_the_host_runs_in_the_schedule_timezon
     tmp_path: Path,
 ) -> None:
     expr = schedule.expression(5)
-    line = crontab_line("ws-a", expr, "UTC", tmp_path, host="Etc/UTC")
+    settings = Settings(data_dir=tmp_path, database_url="postgresql://u:hunter2@db/outloop")
+    line = crontab_line("ws-a", expr, "UTC", settings, host="Etc/UTC")
+    assert "hunter2" not in line and "OUTLOOP_DATABASE_URL" in line
     assert line.splitlines()[-1].startswith(f"{expr} ")
     assert "--once" in line and "--workspace ws-a" in line
     with pytest.raises(click.ClickException, match="no per-line timezone"):
-        crontab_line("ws-a", expr, "Asia/Jerusalem", tmp_path, host="Etc/UTC")
+        crontab_line("ws-a", expr, "Asia/Jerusalem", settings, host="Etc/UTC")

@@ -257,3 +257,6 @@ class ProviderHealth(BaseModel):
     refused: bool = False
     """Not ok because the provider or a policy refused (a 403), not for want of access: the
     access order never goes around it."""
+    account: str | None = None
+    """The address the channel signed in as, where it shows one that may differ from the
+    mailbox (an IMAP login); None when the channel checked it itself or cannot tell."""

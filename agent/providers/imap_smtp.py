@@ -430,15 +430,6 @@ class ImapSmtpProvider:
     @_one_at_a_time
     async def health(self) -> ProviderHealth:
         login = self._session.username.lower()
-        if "@" in login and "*" not in login and login != self._mailbox_id:
-            return ProviderHealth(
-                provider=self._provider,
-                mailbox_id=self._mailbox_id,
-                ok=False,
-                detail=f"IMAP signs in as {login}, not {self._mailbox_id}: the server's "
-                "username is another mailbox's; bind the mailbox it signs in to, or fix "
-                "server.username",
-            )
         try:
             status = await self._session.open_folder(INBOX)
         except ProviderError as exc:
@@ -449,8 +440,9 @@ class ImapSmtpProvider:
             provider=self._provider,
             mailbox_id=self._mailbox_id,
             ok=True,
-            detail=f"IMAP {self._session.where} signed in, inbox UIDVALIDITY "
+            detail=f"IMAP {self._session.where} signed in as {login}, inbox UIDVALIDITY "
             f"{status.uidvalidity}, next UID {status.uidnext}",
+            account=login if "@" in login and "*" not in login else None,
         )
 
     @_one_at_a_time

@@ -101,6 +101,8 @@ class ChannelStatus:
     channel: Channel
     state: ChannelState
     reason: str
+    account: str | None = None
+    """The address the channel signed in as, where its health shows one."""
 
 
 @dataclass(frozen=True)
@@ -384,6 +386,7 @@ class AccessRoute:
             mailbox_id=self._mailbox_id,
             ok=usable is not None,
             detail=shown,
+            account=usable.account if usable is not None else None,
         )
 
     async def evaluate(self) -> list[ChannelStatus]:
@@ -433,7 +436,7 @@ class AccessRoute:
         if health.refused:
             return ChannelStatus(channel, ChannelState.REFUSED, health.detail)
         state = ChannelState.USABLE if health.ok else ChannelState.GAP
-        return ChannelStatus(channel, state, health.detail)
+        return ChannelStatus(channel, state, health.detail, health.account)
 
     async def aclose(self) -> None:
         for adapter in self._built.values():

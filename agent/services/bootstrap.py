@@ -75,6 +75,13 @@ async def read_back(
         return result(False, str(exc))
     finally:
         await provider.aclose()
+    account = (health.account or binding.mailbox_id).lower()
+    if health.ok and account != binding.mailbox_id:
+        return result(
+            False,
+            f"it signs in as {account}, not {binding.mailbox_id}: these are another "
+            "mailbox's credentials (bind the mailbox they sign in to, or fix the login)",
+        )
     return result(health.ok, health.detail)
 
 

@@ -18,7 +18,11 @@ from datetime import datetime, timedelta
 from enum import StrEnum
 from typing import Protocol
 
+import anyio
+import anyio.lowlevel
+
 from agent.domain import schedule
+from agent.domain.errors import StoreError
 from agent.domain.records import DispatcherRow, Lease
 from agent.ports import Clock, Dispatch, Health
 from agent.services.holder import current_holder, holder_alive
@@ -153,33 +157,57 @@ class Dispatcher:
         if not self.store.start_cycle(self.workspace_id, scheduled_for, self.holder, now, dead):
             return False
         held = await self._scan_leases(plan.shared_mailboxes)
+        self.say(f"cycle due {scheduled_for:%Y-%m-%d %H:%M %Z}: running")
         try:
-            self.say(f"cycle due {scheduled_for:%Y-%m-%d %H:%M %Z}: running")
+            outcome = await self._kept_while_running([lease_name(self.workspace_id), *held])
+        finally:
+            for name in held:
+                self.store.release_lease(name, self.holder)
+        if outcome is None:
+            self.say("lost the lease mid-cycle: stopped here; its holder runs the cycle again")
+            return True
+        self._finish(scheduled_for, outcome)
+        return True
+
+    async def _kept_while_running(self, names: list[str]) -> CycleOutcome | None:
+        """The cycle, its leases renewed every ``poll`` seconds while it runs (and this
+        dispatcher reported alive); None when a lease was lost and the cycle stopped."""
+        lost = False
+        outcome: CycleOutcome | None = None
+        async with anyio.create_task_group() as group:
+
+            async def keep() -> None:
+                nonlocal lost
+                while True:
+                    await anyio.lowlevel.checkpoint()
+                    await self.sleep(self.poll)
+                    if any(self._take(name) is None for name in names):
+                        lost = True
+                        group.cancel_scope.cancel()
+                        return
+                    self._report(Role.ACTIVE)
+
+            group.start_soon(keep)
             try:
                 outcome = await self.cycle()
             except Exception as exc:
                 outcome = CycleOutcome(None, f"failed: {str(exc).splitlines()[0][:300]}")
-        finally:
-            for name in held:
-                self.store.release_lease(name, self.holder)
+            group.cancel_scope.cancel()
+        return None if lost else outcome
+
+    def _finish(self, scheduled_for: datetime, outcome: CycleOutcome) -> None:
         end = self.clock.now()
         self.store.finish_cycle(
             self.workspace_id, scheduled_for, self.holder, end, outcome.run_id, outcome.outcome
         )
-        self.store.record_health(
-            f"dispatch {self.workspace_id}",
-            json.dumps(
-                {
-                    "scheduled_for": scheduled_for.isoformat(),
-                    "run_id": outcome.run_id,
-                    "outcome": outcome.outcome,
-                    "holder": self.holder,
-                }
-            ),
-            end,
-        )
+        detail = {
+            "scheduled_for": scheduled_for.isoformat(),
+            "run_id": outcome.run_id,
+            "outcome": outcome.outcome,
+            "holder": self.holder,
+        }
+        self.store.record_health(f"dispatch {self.workspace_id}", json.dumps(detail), end)
         self.say(f"cycle due {scheduled_for:%Y-%m-%d %H:%M %Z}: {outcome.outcome}")
-        return True
 
     async def _scan_leases(self, mailboxes: Sequence[str]) -> list[str]:
         """The scan lease of each shared mailbox, in one order (no two dispatchers wait on
@@ -190,6 +218,7 @@ class Dispatcher:
             while self._take(name) is None:
                 self.say(f"waiting: shared mailbox {mailbox} is being scanned by another")
                 await self.sleep(self.poll)
+                self._take(lease_name(self.workspace_id))  # still this workspace's dispatcher
             held.append(name)
         return held
 
@@ -216,7 +245,12 @@ class Dispatcher:
         try:
             first = True
             while True:
-                wait = await self.step(run_now=run_now and first)
+                try:
+                    wait = await self.step(run_now=run_now and first)
+                except StoreError as exc:  # the store is unreachable for now: try again
+                    self.say(f"store error, retrying in {self.poll:.0f} s: {exc}")
+                    await self.sleep(self.poll)
+                    continue
                 if self.role is Role.ACTIVE:
                     first = False
                 elif no_wait:

@@ -105,10 +105,17 @@ def write_tenant_config(path: Path, row: WorkspaceRow, choice: MinuteChoice) -> 
         "- Chosen once, when the workspace was first registered; a reinstall reads it back.\n\n"
         f"{MARKER}\n```json\n{recorded.model_dump_json(indent=2)}\n```\n"
     )
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".md.tmp")
-    tmp.write_text(text, encoding="utf-8")
-    tmp.replace(path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".md.tmp")
+        tmp.write_text(text, encoding="utf-8")
+        tmp.replace(path)
+    except OSError as exc:
+        raise ContextError(
+            f"workspace {row.workspace_id} is registered with minute {choice.minute}, but "
+            f"{path} could not be written ({exc.strerror}); make its directory writable and "
+            "run 'outloop workspace update --context FILE' to write it"
+        ) from exc
 
 
 def read_recorded(path: Path, workspace_id: str) -> Recorded | None:
@@ -150,6 +157,8 @@ class Verification:
     workspace_id: str
     expression: str | None
     timezone: str | None
+    minute: MinuteChoice | None = None
+    """The minute and its derivation as tenant-config.md records it."""
     next_runs: list[datetime] = field(default_factory=list[datetime])
     checks: list[Check] = field(default_factory=list[Check])
     dispatchers: list[DispatcherRow] = field(default_factory=list[DispatcherRow])
@@ -339,7 +348,9 @@ def live_dispatchers(
         if row.role == "one-shot":
             if expr is None or context is None:
                 continue
-            due = schedule.previous_run(expr, context.schedule_timezone, now)
+            # The run before the latest one the timer may still be starting (a grace of
+            # the stale bound after each scheduled time).
+            due = schedule.previous_run(expr, context.schedule_timezone, now - DISPATCHER_STALE)
             if row.seen_at + DISPATCHER_STALE >= due:
                 live.append(row)
             continue
@@ -374,12 +385,16 @@ def check_dispatcher(live: list[DispatcherRow], here: Installation, workspace_id
             "stop all but one (a host timer and a running 'outloop dispatch' are two dispatchers)",
         )
     [active] = running
-    if (active.install, active.version) != (here.install, here.version):
+    if (active.executable, active.install, active.version) != (
+        here.executable,
+        here.install,
+        here.version,
+    ):
         return Check(
             "dispatcher",
             False,
-            f"the active dispatcher runs another installation: "
-            f"{_who(active)}; this one is {here.install} version {here.version}",
+            f"the active dispatcher runs another installation: {_who(active)}; this one "
+            f"is {here.install} ({here.executable}) version {here.version}",
             f"stop it and start '{start}' from this installation",
         )
     standby = [d for d in live if d.role == "standby"]
@@ -391,7 +406,10 @@ def _who(row: DispatcherRow) -> str:
     parts = row.holder.split("/")
     where = f"{parts[0]} pid {parts[2]}" if len(parts) >= 3 else row.holder
     seen = f"{row.seen_at:%Y-%m-%d %H:%M:%S} UTC"
-    return f"{row.role} on {where} from {row.install} version {row.version} (last seen {seen})"
+    return (
+        f"{row.role} on {where} from {row.install} ({row.executable}) version {row.version} "
+        f"(last seen {seen})"
+    )
 
 
 REPAIR = "outloop workspace update --context FILE (records the workspace's minute again)"
@@ -442,6 +460,7 @@ def verify(
     expr = facts.row.schedule_expression
     timezone = facts.context.schedule_timezone if facts.context else None
     result = Verification(workspace_id, expr, timezone)
+    result.minute = facts.recorded.choice if facts.recorded else choice_of(facts.row)
     result.checks += [check_binding(facts), check_expression(facts), check_minute(facts)]
     usable = expr is not None and schedule.valid(expr) and timezone is not None
     if usable:

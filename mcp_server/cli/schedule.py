@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import getpass
 import json
 import shlex
 import sys
@@ -17,7 +18,17 @@ from agent.services.clock import SystemClock
 from agent.services.schedule import Verification
 from agent.services.workspaces import load_context
 from mcp_server.cli.shared import data_dir_option, read_settings, station_for
-from mcp_server.composition import installation
+from mcp_server.composition import (
+    BROWSER_EXECUTABLE_ENV,
+    BROWSER_STATE_DIR_ENV,
+    DATABASE_URL_SETTING,
+    VAULT_BACKEND_ENV,
+    VAULT_DIR_ENV,
+    VAULT_KEY_ENV,
+    VAULT_KEY_FILE_ENV,
+    Settings,
+    installation,
+)
 
 EXIT_FAILED = 6
 
@@ -57,6 +68,8 @@ def _as_json(result: Verification) -> dict[str, Any]:
         "workspace_id": result.workspace_id,
         "expression": result.expression,
         "timezone": result.timezone,
+        "minute": result.minute.minute if result.minute else None,
+        "derivation": result.minute.model_dump(mode="json") if result.minute else None,
         "next_runs": [r.isoformat() for r in result.next_runs],
         "ok": result.ok,
         "checks": [
@@ -123,12 +136,18 @@ def show_command(
             f"workspace {workspace_id} has no recorded schedule; run 'outloop workspace update "
             "--context FILE' to record its minute"
         )
-    resolved = read_settings(data_dir).data_dir
+    settings = read_settings(data_dir)
+    broken = [c.name for c in result.checks if not c.ok and c.name in ("expression", "minute")]
+    if (emit_systemd or emit_crontab) and broken:
+        raise click.ClickException(
+            f"the stored schedule fails verify ({', '.join(broken)}): fix it first (see "
+            f"'outloop schedule verify --workspace {workspace_id}'), then emit the units"
+        )
     if emit_systemd:
-        click.echo(systemd_units(workspace_id, result.expression, result.timezone, resolved))
+        click.echo(systemd_units(workspace_id, result.expression, result.timezone, settings))
         return
     if emit_crontab:
-        click.echo(crontab_line(workspace_id, result.expression, result.timezone, resolved))
+        click.echo(crontab_line(workspace_id, result.expression, result.timezone, settings))
         return
     if as_json:
         click.echo(json.dumps(_as_json(result), ensure_ascii=False, indent=2))
@@ -161,20 +180,50 @@ def on_calendar(expression: str, timezone: str) -> str:
     return f"{day_text} *-*-* {hour_text}:{int(minute[0]):02d}:00 {timezone}"
 
 
-def systemd_units(workspace_id: str, expression: str, timezone: str, data_dir: Path) -> str:
+def _plain_settings(settings: Settings) -> list[tuple[str, str]]:
+    """The settings this station runs with that may be written into a unit or a crontab."""
+    plain = [
+        (VAULT_BACKEND_ENV, settings.vault_backend if settings.vault_backend != "file" else None),
+        (VAULT_DIR_ENV, str(settings.vault_dir) if settings.vault_dir else None),
+        (VAULT_KEY_FILE_ENV, str(settings.vault_key_file) if settings.vault_key_file else None),
+        (BROWSER_EXECUTABLE_ENV, settings.browser_executable),
+        (
+            BROWSER_STATE_DIR_ENV,
+            str(settings.browser_state_dir) if settings.browser_state_dir else None,
+        ),
+    ]
+    return [(name, value) for name, value in plain if value]
+
+
+def _secret_settings(settings: Settings) -> list[str]:
+    """The settings this station runs with that are (or may hold) secrets: never printed."""
+    secret = [(DATABASE_URL_SETTING, settings.database_url), (VAULT_KEY_ENV, settings.vault_key)]
+    return [name for name, value in secret if value]
+
+
+def systemd_units(workspace_id: str, expression: str, timezone: str, settings: Settings) -> str:
     name = f"outloop-dispatch-{workspace_id}"
+    env_file = settings.data_dir.resolve() / "dispatch.env"
+    lines = [f"Environment={shlex.quote(f'{k}={v}')}" for k, v in _plain_settings(settings)]
+    secrets = _secret_settings(settings)
+    if secrets:
+        lines.append(f"# {', '.join(secrets)}: write them to {env_file} (mode 0600)")
+    lines.append(f"EnvironmentFile=-{env_file}")
     return (
         f"# {name}.service\n"
         "[Unit]\n"
         f"Description=Outloop dispatcher cycle of workspace {workspace_id}\n\n"
         "[Service]\n"
         "Type=oneshot\n"
-        f"ExecStart={_command(workspace_id, data_dir)}\n\n"
+        f"User={getpass.getuser()}\n"
+        + "".join(f"{line}\n" for line in lines)
+        + f"ExecStart={_command(workspace_id, settings.data_dir)}\n\n"
         f"# {name}.timer\n"
         "[Unit]\n"
         f"Description=Outloop schedule of workspace {workspace_id} ({expression} in {timezone})\n\n"
         "[Timer]\n"
         f"OnCalendar={on_calendar(expression, timezone)}\n"
+        "AccuracySec=1s\n"
         "Persistent=true\n\n"
         "[Install]\n"
         "WantedBy=timers.target\n"
@@ -204,7 +253,7 @@ def crontab_line(
     workspace_id: str,
     expression: str,
     timezone: str,
-    data_dir: Path,
+    settings: Settings,
     host: str | None = None,
 ) -> str:
     host = host if host is not None else host_timezone()
@@ -217,7 +266,10 @@ def crontab_line(
             f"'outloop dispatch --workspace {workspace_id}'"
         )
     stamp = datetime.now(UTC).strftime("%Y-%m-%d")
-    return (
-        f"# Outloop workspace {workspace_id}, schedule in {timezone} (written {stamp})\n"
-        f"{expression} {_command(workspace_id, data_dir)}"
-    )
+    lines = [f"# Outloop workspace {workspace_id}, schedule in {timezone} (written {stamp})"]
+    secrets = _secret_settings(settings)
+    if secrets:
+        lines.append(f"# this station also needs {', '.join(secrets)}: add each as NAME=value")
+    lines += [f"{k}={v}" for k, v in _plain_settings(settings)]
+    lines.append(f"{expression} {_command(workspace_id, settings.data_dir)}")
+    return "\n".join(lines)

@@ -12,6 +12,7 @@ from pathlib import Path
 from zoneinfo import ZoneInfo
 
 import anyio
+import anyio.lowlevel
 import pytest
 
 from agent.domain import schedule
@@ -25,6 +26,7 @@ TZ = "America/New_York"
 HERE = Installation(executable="/venv/bin/python", install="/opt/outloop", version="1.0")
 REMOTE = "elsewhere/1/4242/1/abcd1234"
 """A holder on another machine: its liveness cannot be seen, only its lease."""
+LOCAL = "here/1/1/1/self0002"
 
 
 class Stop(Exception):
@@ -115,19 +117,46 @@ def test_a_standby_takes_the_lease_only_when_the_remote_holder_lets_it_lapse(
     store: SqliteStore,
 ) -> None:
     clock = FrozenClock(datetime(2026, 12, 1, 12, 0, tzinfo=UTC))
-    assert store.take_lease(lease_name(WS), REMOTE, clock.now(), timedelta(seconds=60))
-    standby, ran = driven(store, clock, clock.now() + timedelta(seconds=50))
+    taken = store.take_lease(lease_name(WS), REMOTE, clock.now(), timedelta(seconds=60))
+    assert taken is not None
+    standby, _ = driven(store, clock, clock.now() + timedelta(seconds=50), holder=LOCAL)
     standby.poll = 10.0
+    standby.requested = True  # a cycle wanted: only the lease holder may run it
+    said: list[str] = []
+    standby.say = said.append
     drive(standby)
-    assert ran == [] and standby.role is not None
-    assert store.get_lease(lease_name(WS)) is not None
+    assert said[0].startswith("standby: the lease is held by elsewhere pid 4242")
+    assert store.list_cycles(WS) == []
     lease = store.get_lease(lease_name(WS))
-    assert lease is not None and lease.holder == REMOTE
-    later, _ = driven(store, clock, clock.now() + timedelta(seconds=120))
-    later.poll = 10.0
-    drive(later)
-    rows = {d.holder: d.role for d in store.list_dispatchers(WS)}
-    assert rows[later.holder] == "stopped"  # it became active after the lapse, then stopped
+    assert lease is not None and lease.holder == REMOTE  # not taken before it lapsed
+    drive_until_lapse = clock.now() + timedelta(seconds=30)
+    said.clear()
+    driven_again, _ = driven(store, clock, drive_until_lapse, holder=LOCAL)
+    driven_again.poll, driven_again.requested, driven_again.say = 10.0, True, said.append
+    drive(driven_again)
+    assert any(line.startswith("active:") for line in said), said
+    [cycle] = store.list_cycles(WS)
+    assert cycle.holder == LOCAL and cycle.started_at > taken.expires_at
+
+
+def test_a_cycle_longer_than_the_lease_keeps_its_lease(store: SqliteStore) -> None:
+    clock = FrozenClock(datetime(2026, 12, 1, 12, 0, tzinfo=UTC))
+    dispatcher, _ = driven(store, clock, clock.now() + timedelta(hours=3), holder=LOCAL)
+    refused: list[bool] = []
+
+    async def long_cycle() -> CycleOutcome:
+        for _ in range(6):  # two hours, four times the lease
+            await anyio.lowlevel.checkpoint()
+            clock.advance(minutes=20)
+            taken = store.take_lease(lease_name(WS), REMOTE, clock.now(), timedelta(minutes=30))
+            refused.append(taken is None)
+        return CycleOutcome("run-long", "clean")
+
+    dispatcher.cycle = long_cycle
+    dispatcher.requested = True
+    drive(dispatcher)
+    assert refused == [True] * 6
+    assert [c.outcome for c in store.list_cycles(WS)] == ["clean"]
 
 
 def test_a_shared_mailbox_is_scanned_only_while_its_scan_lease_is_free(

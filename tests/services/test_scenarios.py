@@ -14,11 +14,12 @@ import anyio
 import pytest
 import yaml
 
+from agent.domain.context import MailboxBinding
 from agent.domain.dispositions import CLAIM_RACE, NON_TERMINAL, TERMINAL, Disposition
 from agent.domain.execution import ClaimOutcome
 from agent.domain.states import TaskState
 from agent.providers.maildir import MaildirProvider
-from agent.services import intake, workspaces
+from agent.services import bootstrap, intake, workspaces
 from agent.storage.sqlite import SqliteStore
 from agent.testing import FrozenClock, InMemoryProvider, make_envelope
 from tests.conftest import context_yaml
@@ -140,14 +141,29 @@ async def test_scenario_04_missing_context_is_a_context_gap_and_no_provisional_v
 
 
 async def test_scenario_12_a_clean_install_has_zero_rows_and_registers_only_its_own_workspace(
-    station_store: SqliteStore, data_dir: workspaces.DataDir, register: Callable[[str], str]
+    station_store: SqliteStore, data_dir: workspaces.DataDir, tmp_path: Path
 ) -> None:
     assert station_store.list_workspaces() == []
     assert station_store.counts()["tasks"] == 0
-    ws = register(context_yaml("ws-only-mine"))
-    assert [w.workspace_id for w in station_store.list_workspaces()] == [ws]
-    assert [b.workspace_id for b in station_store.bindings_for_mailbox("memory", MAILBOX)] == [ws]
-    assert not (data_dir.root / "workspaces" / "ws-test-0001").exists()
+    maildir_path, _ = new_maildir(tmp_path)
+    source = tmp_path / "context.yaml"
+    source.write_text(context_yaml("ws-only-mine", provider="maildir", path=str(maildir_path)))
+
+    def provider_for(workspace_id: str, binding: MailboxBinding) -> MaildirProvider:
+        assert (workspace_id, binding.mailbox_id) == ("ws-only-mine", MAILBOX)
+        return MaildirProvider(maildir_path, binding.mailbox_id)
+
+    report = await bootstrap.bootstrap(
+        station_store, data_dir, source, provider_for, FrozenClock().now()
+    )
+    assert report.runtime_operational and report.missing == []
+    assert [m.ok for m in report.mailboxes] == [True]
+    assert [w.workspace_id for w in station_store.list_workspaces()] == ["ws-only-mine"]
+    assert [b.workspace_id for b in station_store.bindings_for_mailbox("maildir", MAILBOX)] == [
+        "ws-only-mine"
+    ]
+    assert sorted(p.name for p in (data_dir.root / "workspaces").iterdir()) == ["ws-only-mine"]
+    assert station_store.counts()["tasks"] == 0
 
 
 def _tree_digest(root: Path) -> dict[str, str]:

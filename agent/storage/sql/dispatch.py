@@ -11,6 +11,9 @@ from datetime import datetime, timedelta
 from agent.domain.records import CycleRow, DispatcherRow, Lease
 from agent.storage.sql.core import Row, SqlBase, Tx, Verified, record_of, ts
 
+KEPT = timedelta(days=90)
+"""How long a dispatcher's report and a finished cycle are kept."""
+
 
 class DispatchRows(SqlBase):
     def take_lease(
@@ -21,20 +24,20 @@ class DispatchRows(SqlBase):
         expires = ts(now + ttl)
 
         def body(conn: Tx) -> Lease | None:
-            conn.execute(
+            # One statement: a row another holder keeps is left as it is and returns nothing.
+            row = conn.execute(
                 "INSERT INTO leases (name, holder, acquired_at, renewed_at, expires_at)"
-                " VALUES (?, ?, ?, ?, ?) ON CONFLICT (name) DO NOTHING",
-                (name, holder, ts(now), ts(now), expires),
-            )
-            conn.execute(
-                "UPDATE leases SET acquired_at = CASE WHEN holder = ? THEN acquired_at ELSE ? END,"
-                " holder = ?, renewed_at = ?, expires_at = ?"
-                " WHERE name = ? AND (holder = ? OR expires_at < ? OR holder = ?)",
-                (holder, ts(now), holder, ts(now), expires, name, holder, ts(now), dead or ""),
-            )
-            row = conn.execute("SELECT * FROM leases WHERE name = ?", (name,)).fetchone()
-            lease = _lease(row)
-            return lease if lease.holder == holder else None
+                " VALUES (?, ?, ?, ?, ?) ON CONFLICT (name) DO UPDATE SET"
+                " acquired_at = CASE WHEN leases.holder = excluded.holder"
+                " THEN leases.acquired_at ELSE excluded.acquired_at END,"
+                " holder = excluded.holder, renewed_at = excluded.renewed_at,"
+                " expires_at = excluded.expires_at"
+                " WHERE leases.holder = excluded.holder OR leases.expires_at < ?"
+                " OR leases.holder = ?"
+                " RETURNING name, holder, acquired_at, renewed_at, expires_at",
+                (name, holder, ts(now), ts(now), expires, ts(now), dead or ""),
+            ).fetchone()
+            return None if row is None else _lease(row)
 
         return self._write(body, None)  # taking it again as its holder changes nothing
 
@@ -66,6 +69,11 @@ class DispatchRows(SqlBase):
                     ts(row.seen_at),
                     row.detail,
                 ),
+            )
+            # Bounded: a dispatcher not seen for KEPT is forgotten.
+            conn.execute(
+                "DELETE FROM dispatchers WHERE workspace_id = ? AND seen_at < ?",
+                (row.workspace_id, ts(row.seen_at - KEPT)),
             )
 
         self._write(body, None)  # the same report again changes nothing
@@ -127,6 +135,11 @@ class DispatchRows(SqlBase):
                 "UPDATE dispatch_cycles SET finished_at = ?, run_id = ?, outcome = ?"
                 " WHERE workspace_id = ? AND scheduled_for = ? AND holder = ?",
                 (ts(now), run_id, outcome, workspace_id, ts(scheduled_for), holder),
+            )
+            conn.execute(  # bounded: finished cycles older than KEPT are forgotten
+                "DELETE FROM dispatch_cycles WHERE workspace_id = ? AND scheduled_for < ?"
+                " AND finished_at IS NOT NULL",
+                (workspace_id, ts(now - KEPT)),
             )
 
         self._write(body, None)

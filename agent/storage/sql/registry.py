@@ -85,8 +85,9 @@ class RegistryRows(SqlBase):
         return record_of(WorkspaceRow, row, times=("registered_at", "updated_at"))
 
     def set_schedule(self, row: WorkspaceRow) -> None:
-        """Record a schedule for a workspace registered before schedules were kept (or
-        repair a hand-edited one), only while the recorded one is still what was read."""
+        """Record the row's schedule fields (a workspace registered before schedules were
+        kept, or one whose registry copy was edited by hand); a minute another workspace
+        holds alone is refused by the registry's unique index."""
 
         def body(conn: Tx) -> None:
             updated = conn.execute(

@@ -47,7 +47,7 @@ class DispatchContract(StoreContract):
         store.release_lease(NAME, ALIVE)
         assert store.get_lease(NAME) is None
 
-    def test_a_dispatcher_report_replaces_its_role_and_last_seen(
+    def test_a_dispatcher_report_replaces_its_role_and_last_seen_and_old_ones_are_forgotten(
         self, store: EmbeddedStore, clock: FrozenClock
     ) -> None:
         report = DispatcherRow(
@@ -60,6 +60,9 @@ class DispatchContract(StoreContract):
         [seen] = store.list_dispatchers(WS)
         assert (seen.role, seen.seen_at, seen.started_at) == ("active", later, report.started_at)
         assert store.list_dispatchers("ws-other") == []
+        much_later = clock.advance(days=91)  # a report not seen for 90 days is forgotten
+        store.record_dispatcher(report.model_copy(update={"holder": DEAD, "seen_at": much_later}))
+        assert [d.holder for d in store.list_dispatchers(WS)] == [DEAD]
 
     def test_a_scheduled_cycle_runs_once_and_an_unfinished_one_goes_to_a_holder_proven_dead(
         self, store: EmbeddedStore, clock: FrozenClock
