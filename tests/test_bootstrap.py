@@ -6,6 +6,7 @@ bootstrap each say what to fix and write no registry row."""
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import uuid
@@ -228,3 +229,13 @@ def test_a_credential_missing_from_the_vault_is_named_with_the_command_that_stor
     assert code == 1, shown
     assert f"outloop vault set {WS} {install.mailbox} {missing}" in shown
     assert install.rows() == []
+
+
+def test_a_refused_bootstrap_with_json_prints_the_refusal_as_json(install: Install) -> None:
+    context = _ok(install)
+    assert install.bootstrap(context)[0] == 0
+    code, shown = install.bootstrap(context, "--json")
+    assert code == 1
+    report = json.loads(shown[: shown.rindex("}") + 1])
+    assert report["runtime_operational"] is False and report["registered"] is False
+    assert "already registered" in report["error"]

@@ -299,3 +299,31 @@ def test_a_crontab_line_is_given_only_when_the_host_runs_in_the_schedule_timezon
     assert "--once" in line and "--workspace ws-a" in line
     with pytest.raises(click.ClickException, match="no per-line timezone"):
         crontab_line("ws-a", expr, "Asia/Jerusalem", settings, host="Etc/UTC")
+
+
+def test_dispatch_and_verify_of_an_unknown_workspace_say_how_to_register_it(
+    station: Station,
+) -> None:
+    for command in (("dispatch", "--once"), ("schedule", "verify")):
+        code, shown = station.outloop(*command, "--workspace", "ws-nobody")
+        assert code == 1 and "Traceback" not in shown
+        assert "ws-nobody" in shown and "outloop workspace bootstrap" in shown
+
+
+def test_a_dispatcher_of_a_workspace_with_no_recorded_minute_says_what_to_run(
+    station: Station,
+) -> None:
+    station.sql("UPDATE workspaces SET schedule_minute = NULL, schedule_expression = NULL")
+    code, shown = station.outloop("dispatch", "--workspace", WS)
+    assert code == 1 and "no recorded schedule" in shown and "workspace update" in shown
+    code, report = station.verify()
+    assert code == 6 and "records no schedule" in failed(report)["expression"]
+
+
+def test_only_the_latest_host_timer_run_counts_as_the_dispatcher(station: Station) -> None:
+    for _ in range(2):  # two timer runs: the newest is the host timer
+        code, shown = station.outloop("dispatch", "--workspace", WS, "--once")
+        assert code == 0, shown
+    code, report = station.verify()
+    assert code == 0, failed(report)
+    assert [d["role"] for d in report["dispatchers"]] == ["one-shot"]

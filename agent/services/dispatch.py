@@ -25,7 +25,7 @@ from agent.domain import schedule
 from agent.domain.errors import StoreError
 from agent.domain.records import DispatcherRow, Lease
 from agent.ports import Clock, Dispatch, Health
-from agent.services.holder import current_holder, holder_alive
+from agent.services.holder import current_holder, holder_alive, holder_where
 from agent.services.schedule import Installation
 
 LEASE_TTL = timedelta(seconds=60)
@@ -69,6 +69,10 @@ def scan_lease_name(mailbox: str) -> str:
     return f"scan {mailbox}"
 
 
+class LeaseLost(Exception):
+    """This dispatcher's lease was taken while it worked: it stops and stands by."""
+
+
 @dataclass
 class Dispatcher:
     store: DispatchStore
@@ -84,10 +88,11 @@ class Dispatcher:
     holder: str = field(default_factory=current_holder)
     started_at: datetime | None = None
     role: Role | None = None
+    detail: str = ""
     requested: bool = False
     """An operator asked for a cycle now (``outloop dispatch`` takes SIGUSR1 as that)."""
 
-    # -- the lease ------------------------------------------------------------------------
+    # -- the lease and the report ----------------------------------------------------------
 
     def _take(self, name: str) -> Lease | None:
         """Take or renew the named lease; a holder proven dead loses it at once."""
@@ -98,13 +103,19 @@ class Dispatcher:
             dead = None if holder_alive(current.holder) else current.holder
         return self.store.take_lease(name, self.holder, now, self.lease_ttl, dead=dead)
 
+    def _renew(self) -> None:
+        """Keep the workspace's lease (and report alive); ``LeaseLost`` when it was taken."""
+        if self._take(lease_name(self.workspace_id)) is None:
+            raise LeaseLost
+        self._report(self.role or Role.ACTIVE, self.detail)
+
     def _report(self, role: Role, detail: str = "") -> None:
         now = self.clock.now()
         if self.started_at is None:
             self.started_at = now
         if role != self.role:
             self.say(f"{role}: {detail}" if detail else str(role))
-        self.role = role
+        self.role, self.detail = role, detail
         self.store.record_dispatcher(
             DispatcherRow(
                 holder=self.holder,
@@ -120,28 +131,28 @@ class Dispatcher:
         )
 
     def holder_of(self, name: str) -> str:
+        """Who holds the named lease, as an operator finds them."""
         lease = self.store.get_lease(name)
         if lease is None:
             return "nobody"
+        until = f"lease until {lease.expires_at:%H:%M:%S} UTC"
         for row in self.store.list_dispatchers(self.workspace_id):
             if row.holder == lease.holder:
-                return (
-                    f"{_host_pid(lease.holder)} (from {row.install}, version {row.version}), "
-                    f"lease until {lease.expires_at:%H:%M:%S} UTC"
-                )
-        return f"{_host_pid(lease.holder)}, lease until {lease.expires_at:%H:%M:%S} UTC"
+                installed = f"from {row.install}, version {row.version}"
+                return f"{holder_where(lease.holder)} ({installed}), {until}"
+        return f"{holder_where(lease.holder)}, {until}"
 
     # -- what is due ----------------------------------------------------------------------
 
     def due(self, plan: Plan) -> tuple[datetime, str | None] | None:
-        """The cycle to run now and the holder it is taken from: a cycle another dispatcher
-        left unfinished (this one holds the lease now, so that one lost it mid-cycle), else
+        """The cycle to run now and the holder it is taken from: a cycle left unfinished (by
+        another dispatcher, which lost the lease this one holds now, or by this one), else
         the latest occurrence not yet run since the last cycle (or since this dispatcher
         started, on a fresh install)."""
         cycles = self.store.list_cycles(self.workspace_id, RECENT_CYCLES)
         for cycle in reversed(cycles):  # oldest first
-            if cycle.finished_at is None and cycle.holder != self.holder:
-                return cycle.scheduled_for, cycle.holder
+            if cycle.finished_at is None:
+                return cycle.scheduled_for, None if cycle.holder == self.holder else cycle.holder
         now = self.clock.now()
         latest = schedule.previous_run(plan.expression, plan.timezone, now)
         since = cycles[0].scheduled_for if cycles else self.started_at or now
@@ -152,28 +163,27 @@ class Dispatcher:
     # -- running --------------------------------------------------------------------------
 
     async def run_cycle(self, scheduled_for: datetime, dead: str | None, plan: Plan) -> bool:
-        """Run the cycle due at ``scheduled_for`` once: False when another ran it."""
+        """Run the cycle due at ``scheduled_for`` once: False when another ran it (or runs
+        it). ``LeaseLost`` when the lease was taken meanwhile: the cycle stops there, and the
+        holder runs it again."""
         now = self.clock.now()
         if not self.store.start_cycle(self.workspace_id, scheduled_for, self.holder, now, dead):
             return False
         held = await self._scan_leases(plan.shared_mailboxes)
         self.say(f"cycle due {scheduled_for:%Y-%m-%d %H:%M %Z}: running")
         try:
-            outcome = await self._kept_while_running([lease_name(self.workspace_id), *held])
+            outcome = await self._kept_while_running(held)
         finally:
             for name in held:
                 self.store.release_lease(name, self.holder)
-        if outcome is None:
-            self.say("lost the lease mid-cycle: stopped here; its holder runs the cycle again")
-            return True
         self._finish(scheduled_for, outcome)
         return True
 
-    async def _kept_while_running(self, names: list[str]) -> CycleOutcome | None:
+    async def _kept_while_running(self, scan_leases: list[str]) -> CycleOutcome:
         """The cycle, its leases renewed every ``poll`` seconds while it runs (and this
-        dispatcher reported alive); None when a lease was lost and the cycle stopped."""
+        dispatcher reported alive); ``LeaseLost`` when one was taken (the cycle stopped)."""
         lost = False
-        outcome: CycleOutcome | None = None
+        outcome = CycleOutcome(None, "stopped")
         async with anyio.create_task_group() as group:
 
             async def keep() -> None:
@@ -181,19 +191,25 @@ class Dispatcher:
                 while True:
                     await anyio.lowlevel.checkpoint()
                     await self.sleep(self.poll)
-                    if any(self._take(name) is None for name in names):
+                    try:
+                        self._renew()
+                        if any(self._take(name) is None for name in scan_leases):
+                            raise LeaseLost
+                    except (LeaseLost, StoreError):
                         lost = True
                         group.cancel_scope.cancel()
                         return
-                    self._report(Role.ACTIVE)
 
             group.start_soon(keep)
             try:
                 outcome = await self.cycle()
             except Exception as exc:
-                outcome = CycleOutcome(None, f"failed: {str(exc).splitlines()[0][:300]}")
+                first = (str(exc) or type(exc).__name__).splitlines()[0]
+                outcome = CycleOutcome(None, f"failed: {first[:300]}")
             group.cancel_scope.cancel()
-        return None if lost else outcome
+        if lost:
+            raise LeaseLost
+        return outcome
 
     def _finish(self, scheduled_for: datetime, outcome: CycleOutcome) -> None:
         end = self.clock.now()
@@ -211,32 +227,41 @@ class Dispatcher:
 
     async def _scan_leases(self, mailboxes: Sequence[str]) -> list[str]:
         """The scan lease of each shared mailbox, in one order (no two dispatchers wait on
-        each other), waiting while another workspace's dispatcher scans it."""
+        each other), waiting while another workspace's dispatcher scans it and keeping this
+        dispatcher's own lease meanwhile."""
         held: list[str] = []
-        for mailbox in sorted(mailboxes):
-            name = scan_lease_name(mailbox)
-            while self._take(name) is None:
-                self.say(f"waiting: shared mailbox {mailbox} is being scanned by another")
-                await self.sleep(self.poll)
-                self._take(lease_name(self.workspace_id))  # still this workspace's dispatcher
-            held.append(name)
+        try:
+            for mailbox in sorted(mailboxes):
+                name = scan_lease_name(mailbox)
+                while self._take(name) is None:
+                    self.say(f"waiting: shared mailbox {mailbox} is being scanned by another")
+                    await self.sleep(self.poll)
+                    self._renew()
+                held.append(name)
+        except BaseException:
+            for name in held:
+                self.store.release_lease(name, self.holder)
+            raise
         return held
 
     async def step(self, run_now: bool = False) -> float:
         """One turn: hold (or wait for) the lease, run what is due; the seconds to wait."""
         plan = self.plan()
-        if self._take(lease_name(self.workspace_id)) is None:
-            held_by = self.holder_of(lease_name(self.workspace_id))
-            self._report(Role.STANDBY, f"the lease is held by {held_by}")
+        name = lease_name(self.workspace_id)
+        if self._take(name) is None:
+            self._report(Role.STANDBY, f"the lease is held by {self.holder_of(name)}")
             return self.poll
         self._report(Role.ACTIVE, f"holds the lease of workspace {self.workspace_id}")
-        due = self.due(plan)
-        if due is not None:
-            await self.run_cycle(*due, plan)
-        if run_now or self.requested:
-            self.requested = False
-            await self.run_cycle(self.clock.now().replace(microsecond=0), None, plan)
-        self._report(Role.ACTIVE)
+        try:
+            due = self.due(plan)
+            if due is not None:
+                await self.run_cycle(*due, plan)
+            if run_now or self.requested:
+                self.requested = False
+                await self.run_cycle(self.clock.now().replace(microsecond=0), None, plan)
+        except LeaseLost:
+            self._report(Role.STANDBY, "lost the lease mid-cycle: its holder runs the cycle")
+            return self.poll
         upcoming = schedule.next_runs(plan.expression, plan.timezone, self.clock.now(), 1)[0]
         return max(0.0, min(self.poll, (upcoming - self.clock.now()).total_seconds()))
 
@@ -271,8 +296,10 @@ class Dispatcher:
             self._report(Role.ONE_SHOT, "run by the host scheduler")
             due = self.due(plan)
             scheduled_for = due[0] if due is not None else self.clock.now().replace(microsecond=0)
-            await self.run_cycle(scheduled_for, due[1] if due else None, plan)
-            self._report(Role.ONE_SHOT, "run by the host scheduler")
+            if not await self.run_cycle(scheduled_for, due[1] if due else None, plan):
+                self.say(f"the cycle due {scheduled_for:%Y-%m-%d %H:%M %Z} ran already")
+        except LeaseLost:
+            self.say("lost the lease mid-cycle: its holder runs the cycle again")
         finally:
             self.store.release_lease(name, self.holder)
         return True
@@ -283,8 +310,3 @@ class Dispatcher:
             self.store.release_lease(lease_name(self.workspace_id), self.holder)
         if self.role in (Role.ACTIVE, Role.STANDBY):
             self._report(Role.STOPPED)
-
-
-def _host_pid(holder: str) -> str:
-    parts = holder.split("/")
-    return f"{parts[0]} pid {parts[2]}" if len(parts) >= 3 else holder

@@ -69,3 +69,9 @@ def holder_alive(holder: str) -> bool:
     if ticks is None:
         return not Path("/proc").is_dir()  # no /proc: cannot tell, rely on the lease
     return ticks == parts[3]
+
+
+def holder_where(holder: str) -> str:
+    """Where a holder runs, as an operator finds it: ``host pid N``."""
+    parts = holder.split("/")
+    return f"{parts[0]} pid {parts[2]}" if len(parts) >= 3 else holder

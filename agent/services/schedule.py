@@ -21,8 +21,12 @@ from agent.domain.errors import ContextError, MinuteTaken
 from agent.domain.records import Binding, DispatcherRow, WorkspaceRow
 from agent.domain.schedule import MinuteChoice
 from agent.ports import Dispatch, Registry
-from agent.services.holder import holder_alive
+from agent.services.contexts import registered_context
+from agent.services.holder import holder_alive, holder_where
 
+DISPATCHER_STALE = timedelta(minutes=3)
+"""A dispatcher that has not reported for this long is not counted as running."""
+REPAIR = "outloop workspace update --context FILE (records the workspace's minute again)"
 MARKER = "<!-- outloop:schedule - read back by 'outloop schedule verify'; do not edit -->"
 WEEK = timedelta(days=7)
 
@@ -328,10 +332,6 @@ def check_next_runs(expr: str, minute: int, timezone: str, now: datetime) -> Che
     )
 
 
-DISPATCHER_STALE = timedelta(minutes=3)
-"""A dispatcher that has not reported for this long is not counted as running."""
-
-
 def live_dispatchers(
     store: Dispatch,
     context: WorkspaceContext | None,
@@ -340,27 +340,23 @@ def live_dispatchers(
     workspace_id: str,
 ) -> list[DispatcherRow]:
     """The workspace's dispatchers that still run: a daemon reporting within the stale bound
-    (and not proven dead), or a one-shot run by a host timer until its next run is missed."""
-    live: list[DispatcherRow] = []
-    for row in store.list_dispatchers(workspace_id):
-        if row.role == "stopped" or not holder_alive_or_remote(row):
-            continue
-        if row.role == "one-shot":
-            if expr is None or context is None:
-                continue
-            # The run before the latest one the timer may still be starting (a grace of
-            # the stale bound after each scheduled time).
-            due = schedule.previous_run(expr, context.schedule_timezone, now - DISPATCHER_STALE)
-            if row.seen_at + DISPATCHER_STALE >= due:
-                live.append(row)
-            continue
-        if row.seen_at + DISPATCHER_STALE >= now:
-            live.append(row)
+    (and not proven dead), and the host timer - the newest one-shot - until its next run is
+    missed."""
+    rows = store.list_dispatchers(workspace_id)
+    live = [
+        r
+        for r in rows
+        if r.role in ("active", "standby")
+        and holder_alive(r.holder)
+        and r.seen_at + DISPATCHER_STALE >= now
+    ]
+    one_shots = sorted((r for r in rows if r.role == "one-shot"), key=lambda r: r.seen_at)
+    if one_shots and expr is not None and context is not None:
+        # The timer may still be starting a scheduled run: a grace of the stale bound.
+        due = schedule.previous_run(expr, context.schedule_timezone, now - DISPATCHER_STALE)
+        if one_shots[-1].seen_at + DISPATCHER_STALE >= due:
+            live.append(one_shots[-1])
     return live
-
-
-def holder_alive_or_remote(row: DispatcherRow) -> bool:
-    return row.role == "one-shot" or holder_alive(row.holder)
 
 
 def check_dispatcher(live: list[DispatcherRow], here: Installation, workspace_id: str) -> Check:
@@ -403,22 +399,15 @@ def check_dispatcher(live: list[DispatcherRow], here: Installation, workspace_id
 
 
 def _who(row: DispatcherRow) -> str:
-    parts = row.holder.split("/")
-    where = f"{parts[0]} pid {parts[2]}" if len(parts) >= 3 else row.holder
     seen = f"{row.seen_at:%Y-%m-%d %H:%M:%S} UTC"
     return (
-        f"{row.role} on {where} from {row.install} ({row.executable}) version {row.version} "
-        f"(last seen {seen})"
+        f"{row.role} on {holder_where(row.holder)} from {row.install} ({row.executable}) "
+        f"version {row.version} (last seen {seen})"
     )
-
-
-REPAIR = "outloop workspace update --context FILE (records the workspace's minute again)"
 
 
 def facts_of(store: Registry, tenant_config: Path, workspace_id: str) -> Facts | None:
     """What verify reads, or None when the workspace is not registered."""
-    from agent.services.workspaces import registered_context  # noqa: PLC0415 - one cycle
-
     row = store.get_workspace(workspace_id)
     if row is None:
         return None

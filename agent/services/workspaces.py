@@ -6,7 +6,6 @@ Context file; the registry keeps a copy beside it, and every run re-reads that c
 
 from __future__ import annotations
 
-import functools
 import hashlib
 from dataclasses import dataclass
 from datetime import datetime
@@ -17,7 +16,6 @@ import yaml
 from agent.domain.context import (
     StationConfig,
     WorkspaceContext,
-    parse_context,
     parse_station,
 )
 from agent.domain.errors import ContextError, UnknownWorkspace, WorkspaceExists
@@ -25,6 +23,7 @@ from agent.domain.records import Binding, WorkspaceRow
 from agent.domain.registry import Candidate
 from agent.ports import Registry
 from agent.services import schedule
+from agent.services.contexts import read_context_file, registered_context
 
 STATION_FILE = "station.yaml"
 
@@ -49,21 +48,6 @@ class DataDir:
     def tenant_config(self, workspace_id: str) -> Path:
         """The workspace's tenant-config.md: its schedule minute and how it was chosen."""
         return self.root / "workspaces" / workspace_id / "tenant-config.md"
-
-
-def read_context_file(path: Path) -> tuple[WorkspaceContext, str]:
-    """Parse a context file; returns the context and the sha256 of its bytes."""
-    try:
-        data = path.read_bytes()
-    except OSError as exc:
-        raise ContextError(
-            f"cannot read the Workspace Context file {path}: {exc.strerror}"
-        ) from exc
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise ContextError(f"{path} is not UTF-8 text") from exc
-    return parse_context(text, source=str(path)), hashlib.sha256(data).hexdigest()
 
 
 def _bindings(context: WorkspaceContext) -> list[Binding]:
@@ -148,23 +132,6 @@ def load_context(store: Registry, workspace_id: str) -> WorkspaceContext:
             f"{row.context_path} now names workspace {context.workspace_id}, not {workspace_id}"
         )
     return context
-
-
-def registered_context(row: WorkspaceRow) -> WorkspaceContext:
-    """The context the registry holds: the text stored with the row (the same on every
-    machine sharing the store), else the data directory's copy for older rows."""
-    if row.context_text is not None:
-        return _parsed(row.context_text, row.workspace_id)
-    context, _ = read_context_file(Path(row.context_path))
-    return context
-
-
-@functools.lru_cache(maxsize=256)
-def _parsed(text: str, workspace_id: str) -> WorkspaceContext:
-    """A registered context, parsed once per text: the row is still read on every call, so
-    an update takes effect at once, and the parsed context is immutable, so sharing it is
-    safe."""
-    return parse_context(text, source=f"registered context of {workspace_id}")
 
 
 def candidates(store: Registry, provider: str, mailbox_id: str) -> list[Candidate]:

@@ -130,7 +130,7 @@ def dispatch_command(
         poll=poll,
     )
     try:
-        load_context(station.store, workspace_id)
+        dispatcher.plan()  # the workspace and its schedule, or one line saying what to run
         ran = anyio.run(_main, dispatcher, once, no_wait, run_now)
         if not ran:
             held_by = dispatcher.holder_of(dispatch.lease_name(workspace_id))
@@ -149,6 +149,23 @@ async def _main(dispatcher: Dispatcher, once: bool, no_wait: bool, run_now: bool
     # The handlers are in place before the dispatcher reports itself: a SIGUSR1 sent once it
     # shows as active never meets the default action (which would end the process).
     wanted = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)
+    try:
+        return await _dispatch(dispatcher, no_wait, run_now, wanted)
+    except BaseExceptionGroup as group:  # the task group's: the core's error, as one line
+        errors = group.subgroup(OutloopError)
+        if errors is None:
+            raise
+        first = errors.exceptions[0]
+        while isinstance(first, BaseExceptionGroup):
+            first = first.exceptions[0]
+        raise first from None
+
+
+async def _dispatch(
+    dispatcher: Dispatcher, no_wait: bool, run_now: bool, wanted: tuple[signal.Signals, ...]
+) -> bool:
+    """The dispatcher, with its signals: SIGTERM and SIGINT stop it, SIGUSR1 asks for a
+    cycle now."""
     with anyio.open_signal_receiver(*wanted) as signals:
         async with anyio.create_task_group() as group:
 

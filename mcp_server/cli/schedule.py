@@ -130,6 +130,8 @@ def show_command(
     """The workspace's schedule: expression, timezone, minute and its derivation, the next
     runs in local time, and its dispatchers. A summary, not verification: run 'outloop
     schedule verify' for that."""
+    if sum((as_json, emit_systemd, emit_crontab)) > 1:
+        raise click.UsageError("give one of --json, --systemd and --crontab")
     result = _verified(data_dir, workspace_id)
     if result.expression is None or result.timezone is None:
         raise click.ClickException(
@@ -201,6 +203,14 @@ def _secret_settings(settings: Settings) -> list[str]:
     return [name for name, value in secret if value]
 
 
+def _user() -> list[str]:
+    """``User=`` the one running this (the station's files are theirs), when it has a name."""
+    try:
+        return [f"User={getpass.getuser()}"]
+    except (KeyError, OSError):
+        return []
+
+
 def systemd_units(workspace_id: str, expression: str, timezone: str, settings: Settings) -> str:
     name = f"outloop-dispatch-{workspace_id}"
     env_file = settings.data_dir.resolve() / "dispatch.env"
@@ -215,8 +225,7 @@ def systemd_units(workspace_id: str, expression: str, timezone: str, settings: S
         f"Description=Outloop dispatcher cycle of workspace {workspace_id}\n\n"
         "[Service]\n"
         "Type=oneshot\n"
-        f"User={getpass.getuser()}\n"
-        + "".join(f"{line}\n" for line in lines)
+        + "".join(f"{line}\n" for line in [*_user(), *lines])
         + f"ExecStart={_command(workspace_id, settings.data_dir)}\n\n"
         f"# {name}.timer\n"
         "[Unit]\n"

@@ -42,7 +42,10 @@ def worded(exc: OutloopError) -> str:
     if isinstance(exc, WorkspaceExists):
         return f"{exc}; use 'outloop workspace update' to replace its context"
     if isinstance(exc, UnknownWorkspace):
-        return f"{exc}; register it with 'outloop workspace add --context FILE'"
+        return (
+            f"{exc}; register it with 'outloop workspace bootstrap --context FILE' (or "
+            "'outloop workspace add --context FILE', without the live check)"
+        )
     return str(exc)
 
 

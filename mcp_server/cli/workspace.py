@@ -12,6 +12,7 @@ from typing import Any
 import anyio
 import click
 
+from agent.domain.errors import OutloopError
 from agent.domain.records import LearningProposal, WorkspaceRow
 from agent.domain.task import Task
 from agent.domain.untrusted import flag
@@ -19,7 +20,14 @@ from agent.ports import Registry
 from agent.services import bootstrap, workspaces
 from agent.services.clock import SystemClock
 from agent.services.workspaces import DataDir
-from mcp_server.cli.shared import data_dir_option, read_settings, station_for
+from mcp_server.cli.shared import (
+    data_dir_option,
+    fail,
+    open_station,
+    read_settings,
+    station_for,
+    worded,
+)
 from mcp_server.composition import Providers, Station
 
 ContextChange = Callable[[Registry, DataDir, Path, datetime], WorkspaceRow]
@@ -76,21 +84,27 @@ def workspace_bootstrap(context_file: Path, as_json: bool, data_dir: Path | None
     registered. Exit 0 operational, 1 refused (nothing written), 8 registered but something
     the runtime needs is missing."""
     settings = read_settings(data_dir)
-    with station_for(data_dir) as station:
-        providers = Providers(settings, registered=False)
-        try:
-            report = anyio.run(
-                partial(
-                    bootstrap.bootstrap,
-                    station.store,
-                    station.data_dir,
-                    context_file,
-                    providers,
-                    SystemClock().now(),
-                )
+    station = open_station(settings)
+    providers = Providers(settings, registered=False)
+    try:
+        report = anyio.run(
+            partial(
+                bootstrap.bootstrap,
+                station.store,
+                station.data_dir,
+                context_file,
+                providers,
+                SystemClock().now(),
             )
-        finally:
-            anyio.run(providers.aclose)
+        )
+    except OutloopError as exc:
+        if as_json:  # the refusal as JSON too: a script reads one shape
+            shown = {"runtime_operational": False, "registered": False, "error": worded(exc)}
+            click.echo(json.dumps(shown, indent=2, ensure_ascii=False))
+        fail(exc)
+    finally:
+        anyio.run(providers.aclose)
+        station.close()
     _echo_bootstrap(report, as_json)
     if not report.runtime_operational:
         raise SystemExit(EXIT_NOT_OPERATIONAL)
@@ -115,6 +129,7 @@ def _echo_bootstrap(report: bootstrap.BootstrapReport, as_json: bool) -> None:
                 "minute": row.schedule_minute,
                 "derivation": json.loads(row.schedule_derivation or "null"),
             },
+            "registered": True,
             "registry_row_confirmed": True,
         }
         click.echo(json.dumps(shown, indent=2, ensure_ascii=False))

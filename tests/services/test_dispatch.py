@@ -171,3 +171,46 @@ def test_a_shared_mailbox_is_scanned_only_while_its_scan_lease_is_free(
     drive(dispatcher)
     assert ran and ran[0] >= datetime(2026, 12, 1, 13, 5, tzinfo=UTC)  # after the lease lapsed
     assert store.get_lease(scan_lease_name(mailbox)) is None  # released after the cycle
+
+
+def test_a_dispatcher_whose_lease_is_taken_mid_cycle_stops_it_and_stands_by(
+    store: SqliteStore,
+) -> None:
+    clock = FrozenClock(datetime(2026, 12, 1, 12, 0, tzinfo=UTC))
+    dispatcher, _ = driven(store, clock, clock.now() + timedelta(hours=1), holder=LOCAL)
+    said: list[str] = []
+    dispatcher.say = said.append
+    reached: list[int] = []
+
+    async def cycle_taken_over() -> CycleOutcome:
+        # Another machine takes the lease (as if this one had stalled past it).
+        store.take_lease(lease_name(WS), REMOTE, clock.now(), timedelta(hours=2), dead=LOCAL)
+        for step in range(3):
+            await anyio.lowlevel.checkpoint()
+            reached.append(step)
+        return CycleOutcome("run-x", "clean")
+
+    dispatcher.cycle = cycle_taken_over
+    dispatcher.requested = True
+    drive(dispatcher)
+    assert len(reached) < 3  # stopped at the checkpoint after the renewal failed
+    [cycle] = store.list_cycles(WS)
+    assert cycle.finished_at is None  # the holder runs it again
+    assert any("lost the lease mid-cycle" in line for line in said), said
+    assert dispatcher.role is not None and dispatcher.role.value == "stopped"
+
+
+def test_a_cycle_that_fails_without_a_message_is_recorded_by_its_kind(
+    store: SqliteStore,
+) -> None:
+    clock = FrozenClock(datetime(2026, 12, 1, 12, 0, tzinfo=UTC))
+    dispatcher, _ = driven(store, clock, clock.now(), holder=LOCAL)
+
+    async def failing() -> CycleOutcome:
+        raise TimeoutError
+
+    dispatcher.cycle = failing
+    dispatcher.requested = True
+    drive(dispatcher)
+    [cycle] = store.list_cycles(WS)
+    assert cycle.outcome == "failed: TimeoutError" and cycle.finished_at is not None
