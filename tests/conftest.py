@@ -6,6 +6,7 @@ import hashlib
 import json
 import shutil
 import tempfile
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -200,3 +201,12 @@ async def run_intake(
         holder=holder,
         from_start=from_start,
     )
+
+
+def wait_for(predicate: Callable[[], bool], what: str, seconds: float = 60.0) -> None:
+    """Poll ``predicate`` until it holds, failing with ``what`` after ``seconds``: for a
+    condition another process brings about (nothing a test drives itself)."""
+    deadline = time.monotonic() + seconds
+    while not predicate():
+        assert time.monotonic() < deadline, f"not within {seconds} s: {what}"
+        time.sleep(0.05)

@@ -8,11 +8,9 @@ from __future__ import annotations
 
 import os
 import signal
-import time
-from collections.abc import Callable
 from pathlib import Path
 
-from tests.conftest import REPORTED, pg_url_at
+from tests.conftest import REPORTED, pg_url_at, wait_for
 from tests.test_crash import WS, Worker, World, assert_nothing_lost_or_doubled
 
 CRASH_AFTER = 7
@@ -25,13 +23,6 @@ def dispatcher(world: World, crash: str | None, tag: str) -> Worker:
     argv = ["dispatch", "--workspace", WS, "--poll", "0.1", "--lease-seconds", "30",
             "--data-dir", str(world.data_dir.root)]  # fmt: skip
     return Worker(argv, env, world.root / "stderr" / f"dispatcher-{tag}.log")
-
-
-def wait_for(predicate: Callable[[], bool], what: str, seconds: float = 60.0) -> None:
-    deadline = time.monotonic() + seconds
-    while not predicate():
-        assert time.monotonic() < deadline, f"not within {seconds} s: {what}"
-        time.sleep(0.05)
 
 
 def roles(world: World) -> dict[int, str]:

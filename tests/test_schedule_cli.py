@@ -11,7 +11,6 @@ import signal
 import sqlite3
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -31,6 +30,7 @@ from agent.testing.contexts import context_yaml
 from mcp_server.cli import main
 from mcp_server.cli.schedule import crontab_line, on_calendar
 from mcp_server.composition import Settings
+from tests.conftest import wait_for
 
 WS = "ws-schedule-0001"
 
@@ -90,13 +90,6 @@ def station(tmp_path: Path) -> Station:
     station = Station(tmp_path)
     station.add()
     return station
-
-
-def wait_for(predicate: Any, what: str, seconds: float = 30.0) -> None:
-    deadline = time.monotonic() + seconds
-    while not predicate():
-        assert time.monotonic() < deadline, f"not within {seconds} s: {what}"
-        time.sleep(0.05)
 
 
 def active_roles(station: Station) -> list[str]:
@@ -327,3 +320,24 @@ def test_only_the_latest_host_timer_run_counts_as_the_dispatcher(station: Statio
     code, report = station.verify()
     assert code == 0, failed(report)
     assert [d["role"] for d in report["dispatchers"]] == ["one-shot"]
+
+
+def test_a_reinstall_refuses_a_tenant_config_whose_minute_was_edited_by_hand(
+    tmp_path: Path,
+) -> None:
+    station = Station(tmp_path)
+    context = station.add(WS)
+    derived = schedule.derive_minute(WS)
+    path = DataDir(station.data_dir).tenant_config(WS)
+    edited = path.read_text(encoding="utf-8").replace(
+        f'"minute": {derived},', f'"minute": {derived % 59 + 1},'
+    )
+    path.write_text(edited, encoding="utf-8")
+    DataDir(station.data_dir).database.unlink()  # a reinstall: a fresh registry
+    code, shown = station.outloop("workspace", "add", "--context", str(context))
+    assert code == 1 and "does not re-run to it" in shown and str(path) in shown
+    store = SqliteStore(DataDir(station.data_dir).database)
+    try:
+        assert store.list_workspaces() == []
+    finally:
+        store.close()

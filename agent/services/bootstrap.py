@@ -167,7 +167,7 @@ async def bootstrap(
             f"the binding of workspace {context.workspace_id} was not verified, so nothing "
             f"was registered: {shown}"
         )
-    row = workspaces.add_workspace(store, data_dir, source, now)
+    row = workspaces.add_workspace(store, data_dir, source, now, context)
     _confirm(store, row, context)
     missing = _gaps(context, workspaces.load_station(data_dir))
     for gap in missing:

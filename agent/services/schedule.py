@@ -59,6 +59,15 @@ def choice_of(row: WorkspaceRow) -> MinuteChoice | None:
         return None
 
 
+def consistent(workspace_id: str, choice: MinuteChoice) -> bool:
+    """Whether a recorded choice is the derivation's: the derived value is the id's, and
+    re-run against the recorded collisions it gives the recorded minute."""
+    return (
+        choice.derived == schedule.derive_minute(workspace_id)
+        and schedule.rerun(workspace_id, choice).minute == choice.minute
+    )
+
+
 def with_schedule(row: WorkspaceRow, choice: MinuteChoice, shared: bool) -> WorkspaceRow:
     return row.model_copy(
         update={
@@ -77,6 +86,12 @@ def register(
     it back), else the derived one moved past the minutes other workspaces hold. The registry
     decides a race for a minute; the loser chooses again."""
     recorded = read_recorded(tenant_config, row.workspace_id)
+    if recorded is not None and not consistent(row.workspace_id, recorded.choice):
+        raise ContextError(
+            f"{tenant_config} records minute {recorded.choice.minute} for "
+            f"{row.workspace_id}, but its derivation does not re-run to it (edited by hand?); "
+            "restore the file, or remove it to choose the minute again"
+        )
     for _ in schedule.MINUTES:
         held = store.held_minutes()
         if recorded is not None:
@@ -476,16 +491,11 @@ def restore(store: Registry, tenant_config: Path, row: WorkspaceRow) -> Workspac
     except ContextError:
         recorded = None
     candidates = [recorded.choice] if recorded is not None else []
-    if (kept := choice_of(row)) is not None:
-        candidates.append(kept)
-    consistent = [
-        c
-        for c in candidates
-        if c.derived == schedule.derive_minute(row.workspace_id)
-        and schedule.rerun(row.workspace_id, c).minute == c.minute
-    ]
-    if consistent:
-        choice = consistent[0]
+    if (registered := choice_of(row)) is not None:
+        candidates.append(registered)
+    kept = [c for c in candidates if consistent(row.workspace_id, c)]
+    if kept:
+        choice = kept[0]
     else:
         held = {m: w for m, w in store.held_minutes().items() if w != row.workspace_id}
         choice = schedule.choose_minute(row.workspace_id, held)

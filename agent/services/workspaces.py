@@ -82,8 +82,17 @@ def _save_copy(data_dir: DataDir, context: WorkspaceContext, source: Path) -> tu
     return target, hashlib.sha256(text.encode("utf-8")).hexdigest(), text
 
 
-def add_workspace(store: Registry, data_dir: DataDir, source: Path, now: datetime) -> WorkspaceRow:
-    context, _ = read_context_file(source)
+def add_workspace(
+    store: Registry,
+    data_dir: DataDir,
+    source: Path,
+    now: datetime,
+    context: WorkspaceContext | None = None,
+) -> WorkspaceRow:
+    """Register the workspace of the context file ``source`` (or of ``context``, the file as
+    it was read and checked already: what was checked is what is registered)."""
+    if context is None:
+        context, _ = read_context_file(source)
     if store.get_workspace(context.workspace_id) is not None:
         raise WorkspaceExists(context.workspace_id)
     path, sha, text = _save_copy(data_dir, context, source)
