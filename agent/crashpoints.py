@@ -21,6 +21,10 @@ POINTS = (
     "before_provider_send",  # the send is ledgered as an intent, the provider not asked
     "after_provider_send",  # the provider took the message, the ledger not yet updated
 )
+MAIL_POINTS = (
+    "mail_mid_write",  # half of an internal mail file's bytes written, not yet named
+    "mail_after_sender_state",  # an internal mail's sent copy and outbox written, not delivered
+)
 #: The points every intake run passes (the sending points are hit only when mail is sent).
 INTAKE_POINTS = POINTS[:5]
 
@@ -29,8 +33,9 @@ _armed: dict[str, int] = {}
 
 def arm(name: str, skip: int = 0) -> None:
     """Kill this process with SIGKILL the (skip+1)-th time ``name`` is hit."""
-    if name not in POINTS:
-        raise ValueError(f"unknown crash point {name!r}; known: {', '.join(POINTS)}")
+    if name not in POINTS + MAIL_POINTS:
+        known = ", ".join(POINTS + MAIL_POINTS)
+        raise ValueError(f"unknown crash point {name!r}; known: {known}")
     _armed[name] = skip
 
 
@@ -38,6 +43,10 @@ def arm_from_spec(spec: str) -> None:
     """Arm from ``name`` or ``name:skip`` (the value of OUTLOOP_CRASHPOINT)."""
     name, _, skip = spec.partition(":")
     arm(name.strip(), int(skip) if skip else 0)
+
+
+def armed(name: str) -> bool:
+    return name in _armed
 
 
 def hit(name: str) -> None:

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 
 from agent.domain.context import MailboxBinding
 from agent.domain.errors import AccessRefused, AuthenticationExpired, ContextError, Unsupported
+from agent.domain.internal_mail import Kind
 from agent.domain.mail import Channel
 from agent.domain.secrets import CredentialRef, Secret
 from agent.ports import Clock, EmbeddedStore, Health, MailProvider, TaskBoard, Vault
@@ -27,6 +28,7 @@ from agent.providers.maildir import MaildirProvider
 from agent.services.access import AccessRoute, Action, Candidate, Refusal
 from agent.services.clock import SystemClock
 from agent.services.intake import ProviderFactory
+from agent.services.internal_mail import Identity, InternalMail, MailNetwork
 from agent.services.schedule import Installation
 from agent.services.workspaces import DataDir
 from agent.storage.backend import DATABASE_URL_SETTING, open_store
@@ -38,6 +40,8 @@ if TYPE_CHECKING:
 
 DATA_DIR_ENV = "OUTLOOP_DATA_DIR"
 XDG_DATA_HOME_ENV = "XDG_DATA_HOME"
+MAIL_AS_ENV = "OUTLOOP_MAIL_AS"
+MAIL_POLL_ENV = "OUTLOOP_MAIL_POLL_SECONDS"
 MCP_TOKEN_ENV = "OUTLOOP_MCP_TOKEN"  # noqa: S105 - the name of the variable, not a token
 CRASHPOINT_ENV = "OUTLOOP_CRASHPOINT"
 VAULT_DIR_ENV = "OUTLOOP_VAULT_DIR"
@@ -105,6 +109,12 @@ class Settings:
     ``browser`` in the data directory)."""
     browser_headless: bool = True
     """False only for ``outloop login --headed`` (a person completes a challenge)."""
+    mail_as: str | None = None
+    """OUTLOOP_MAIL_AS: the internal mailbox this process acts as (the MCP server's default
+    is ``agent``; ``outloop mail``'s is ``operator``)."""
+    mail_poll_seconds: float = 2.0
+    """OUTLOOP_MAIL_POLL_SECONDS: how often a running server delivers due internal mail,
+    renews its heartbeat's freshness check and looks for new unread mail."""
 
     @property
     def browser_directory(self) -> Path:
@@ -142,6 +152,8 @@ def read_settings(
         browser_state_dir=(
             Path(env[BROWSER_STATE_DIR_ENV]) if env.get(BROWSER_STATE_DIR_ENV) else None
         ),
+        mail_as=env.get(MAIL_AS_ENV) or None,
+        mail_poll_seconds=float(env.get(MAIL_POLL_ENV) or 2.0),
     )
 
 
@@ -547,3 +559,12 @@ def provider_for(workspace_id: str, binding: MailboxBinding) -> MailProvider:
     """The channel a mailbox binding is read and sent through, with the settings of this
     process's environment (see ``Providers``)."""
     return Providers(read_settings())(workspace_id, binding)
+
+
+def internal_mail(
+    settings: Settings, default_as: str, clock: Clock | None = None, *, kind: Kind = "agent"
+) -> InternalMail:
+    """The internal mail tool of the mailbox this process acts as (OUTLOOP_MAIL_AS, else
+    ``default_as``) in the data directory's mail network."""
+    network = MailNetwork.of_data_dir(settings.data_dir, clock or SystemClock())
+    return InternalMail(network, Identity(settings.mail_as or default_as, kind=kind))

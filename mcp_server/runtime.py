@@ -32,6 +32,7 @@ from agent.domain.errors import (
 from agent.domain.task import Task
 from agent.ports import Clock, MailProvider
 from agent.services.intake import ProviderFactory, Scan
+from agent.services.internal_mail import InternalMail
 from agent.services.replies import AlreadySent, SendRefused, UnfinishedSend
 from agent.services.workspaces import load_context
 from mcp_server.composition import Station
@@ -50,6 +51,7 @@ class Runtime:
     station: Station
     clock: Clock
     provider_for: ProviderFactory
+    mail: InternalMail
     runs: OrderedDict[str, Scan] = field(default_factory=OrderedDict[str, Scan])
     claimed: dict[tuple[str, str], ClaimView] = field(
         default_factory=dict[tuple[str, str], ClaimView]

@@ -10,19 +10,25 @@ from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from importlib import resources
 from typing import Any
 
+import anyio
+import anyio.to_thread
 from mcp.server import MCPServer
 from mcp.server.auth.provider import TokenVerifier
 from mcp.server.auth.settings import AuthSettings
 from mcp.server.mcpserver import Context
+from mcp.server.subscriptions import InMemorySubscriptionBus, SubscriptionBus
 from mcp.shared.exceptions import MCPError
 
 from agent.domain.errors import OutloopError
+from agent.domain.internal_mail import MailError
 from agent.ports import Clock
 from agent.services.clock import SystemClock
 from agent.services.gate_check import load_task
 from agent.services.intake import ProviderFactory
+from agent.services.internal_mail import InternalMail, manual_root
 from agent.services.workspaces import load_context
-from mcp_server.composition import Settings, open_station
+from mcp_server.composition import Settings, internal_mail, open_station
+from mcp_server.mail import UNREAD_URI, mail_session, unread_text
 from mcp_server.runtime import Runtime, worded
 from mcp_server.tools import build_tools, runtime_of, task_view
 
@@ -73,13 +79,16 @@ def build_server(
 ) -> MCPServer[Runtime]:
     """The server for one data directory. ``clock`` and ``providers`` default to the system
     clock and the adapters the workspace contexts name."""
+    bus = InMemorySubscriptionBus()
+    mail = internal_mail(settings, "agent", clock)
     server: MCPServer[Runtime] = MCPServer(
         NAME,
         title="Outloop mail workstation",
         instructions=INSTRUCTIONS,
         log_level="WARNING",
-        lifespan=_lifespan(settings, clock, providers),
+        lifespan=_lifespan(settings, clock, providers, (mail, bus)),
         tools=build_tools(),
+        subscriptions=bus,
         token_verifier=token_verifier,
         auth=auth,
     )
@@ -87,14 +96,19 @@ def build_server(
         _add_skill(server, key, file_name, description)
     _add_workspace_context(server)
     _add_task_record(server)
+    _add_internal_mail(server, mail)
     _add_lifecycle_prompt(server)
     return server
 
 
 def _lifespan(
-    settings: Settings, clock: Clock | None, providers: ProviderFactory | None
+    settings: Settings,
+    clock: Clock | None,
+    providers: ProviderFactory | None,
+    mail_and_bus: tuple[InternalMail, SubscriptionBus],
 ) -> Callable[[MCPServer[Runtime]], AbstractAsyncContextManager[Runtime]]:
-    """The station opened for the server's lifetime, with its clock and provider adapters."""
+    """The station opened for the server's lifetime, with its clock and provider adapters,
+    and the server's internal mailbox kept reachable while it runs."""
 
     @asynccontextmanager
     async def lifespan(_: MCPServer[Runtime]) -> AsyncGenerator[Runtime]:
@@ -103,9 +117,11 @@ def _lifespan(
             station=station,
             clock=clock or SystemClock(),
             provider_for=providers or station.provider_for,
+            mail=mail_and_bus[0],
         )
         try:
-            yield runtime
+            async with mail_session(*mail_and_bus, settings.mail_poll_seconds):
+                yield runtime
         finally:
             await runtime.aclose()
             await station.aclose_channels()  # the browser this server started, if any
@@ -146,6 +162,32 @@ def _add_task_record(server: MCPServer[Runtime]) -> None:
         except OutloopError as exc:
             raise MCPError(RESOURCE_NOT_FOUND, worded(exc)) from exc
         return task_view(task).model_dump_json(indent=2)
+
+
+def _add_internal_mail(server: MCPServer[Runtime], mail: InternalMail) -> None:
+    """The server's unread internal mail (updated when it changes) and the tool's manual."""
+
+    @server.resource(
+        UNREAD_URI,
+        name="internal-mail-unread",
+        description="This server's unread internal mail in full (the same block as "
+        "_meta.agent_meta.notifications.persistent.email); updated when it changes",
+        mime_type="application/json",
+    )
+    async def unread() -> str:  # pyright: ignore[reportUnusedFunction]
+        try:
+            return await anyio.to_thread.run_sync(unread_text, mail)
+        except MailError as exc:
+            raise MCPError(RESOURCE_NOT_FOUND, f"{exc.code}: {exc}") from exc
+
+    @server.resource(
+        "outloop://skills/internal-mail",
+        name="internal-mail",
+        description="The internal_mail tool's manual (what the manual action returns)",
+        mime_type="text/markdown",
+    )
+    def manual() -> str:  # pyright: ignore[reportUnusedFunction]
+        return (manual_root() / "SKILL.md").read_text(encoding="utf-8")
 
 
 def _add_lifecycle_prompt(server: MCPServer[Runtime]) -> None:

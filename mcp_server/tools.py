@@ -29,6 +29,8 @@ from agent.services.access import AccessRoute, ChannelState, ChannelStatus
 from agent.services.gate_check import check_send, load_task
 from agent.services.holder import holder_alive
 from agent.services.workspaces import load_context, registered_context
+from mcp_server.mail import DESCRIPTION as MAIL_DESCRIPTION
+from mcp_server.mail import internal_mail_tool
 from mcp_server.models import (
     AccessView,
     ApprovalDecisionView,
@@ -921,6 +923,7 @@ _TOOLS: tuple[tuple[str, Any, tuple[bool, bool, bool, bool]], ...] = (
     ("reconcile", reconcile_tool, (False, False, True, False)),
     ("submit_learning", submit_learning_tool, (False, False, True, False)),
     ("access_status", access_status_tool, (True, False, True, True)),
+    ("internal_mail", internal_mail_tool, (False, True, False, False)),
 )
 
 
@@ -942,6 +945,13 @@ def _strict(tool: Tool) -> Tool:
 
 def build_tools() -> list[Tool]:
     return [
-        _strict(Tool.from_function(fn, name=name, annotations=_hints(hints)))
+        _strict(
+            Tool.from_function(
+                fn,
+                name=name,
+                annotations=_hints(hints),
+                description=MAIL_DESCRIPTION if name == "internal_mail" else None,
+            )
+        )
         for name, fn, hints in _TOOLS
     ]

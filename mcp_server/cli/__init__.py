@@ -14,6 +14,7 @@ from mcp_server.cli.demo import demo_command
 from mcp_server.cli.dispatch import dispatch_command
 from mcp_server.cli.fixtures import fixtures
 from mcp_server.cli.login import login_command
+from mcp_server.cli.mail import mail_group
 from mcp_server.cli.run import run_command
 from mcp_server.cli.schedule import schedule_group
 from mcp_server.cli.sends import sends
@@ -42,6 +43,7 @@ for command in (
     schedule_group,
     dispatch_command,
     sends,
+    mail_group,
     demo_command,
     bench,
     serve_command,

@@ -59,6 +59,7 @@ TOOLS = {
     "reconcile",
     "submit_learning",
     "access_status",
+    "internal_mail",
 }
 READ_ONLY = {"get_task", "list_queue", "gate_check", "access_status"}
 RLO = "\u202e"
@@ -150,7 +151,7 @@ async def test_read_only_hint_is_true_exactly_for_the_query_tools_and_send_is_de
     read_only = {n for n, t in listed.items() if t.annotations and t.annotations.read_only_hint}
     destructive = {n for n, t in listed.items() if t.annotations and t.annotations.destructive_hint}
     assert read_only == READ_ONLY
-    assert destructive == {"send"}
+    assert destructive == {"send", "internal_mail"}  # internal_mail deletes mail
 
 
 async def test_every_tool_forbids_extra_arguments_and_declares_an_output_schema(
@@ -1013,8 +1014,9 @@ async def test_resources_list_the_four_skills_and_the_two_record_templates(
     async with station.client() as client:
         listed = (await client.list_resources()).resources
         templates = (await client.list_resource_templates()).resource_templates
-    assert {str(r.uri) for r in listed} == {f"outloop://skills/{key}" for key in SKILLS}
-    assert all(r.mime_type == "text/markdown" for r in listed)
+    skills = {f"outloop://skills/{key}" for key in [*SKILLS, "internal-mail"]}
+    assert {str(r.uri) for r in listed} == skills | {"outloop://internal-mail/unread"}
+    assert all(r.mime_type == "text/markdown" for r in listed if str(r.uri) in skills)
     assert {t.uri_template for t in templates} == {
         "outloop://workspaces/{workspace_id}/context",
         "outloop://tasks/{task_id}",

@@ -1,0 +1,180 @@
+"""The file operations internal mail is built from. Every file is written whole or not at
+all: its bytes go to a hidden temporary file in the same folder, are flushed to the disk
+(fsync), and only then get their name (rename, or a hard link when the name must be new).
+A reader never sees a partial file; a crash leaves at most a hidden temporary file, which
+the footprint procedure removes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import secrets
+from collections.abc import Callable, Generator, Iterator
+from pathlib import Path
+from typing import Any
+
+from agent import crashpoints
+
+TMP_PREFIX = ".tmp-"
+
+
+def _tmp_for(path: Path) -> Path:
+    return path.parent / f"{TMP_PREFIX}{os.getpid()}-{secrets.token_hex(6)}-{path.name}"
+
+
+def write_tmp(path: Path, data: bytes) -> Path:
+    """A hidden temporary file beside ``path`` holding ``data``, flushed to disk: the caller
+    names it (rename or link) and removes it."""
+    tmp = _tmp_for(path)
+    write_new(tmp, data)
+    return tmp
+
+
+def write_new(path: Path, data: bytes) -> None:
+    """Create ``path`` (it must not exist) with ``data``, flushed to disk. Until this
+    returns the file may be partial: only a name no reader trusts may be written so."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        view = memoryview(data)
+        if crashpoints.armed("mail_mid_write"):
+            view = view[os.write(fd, data[: len(data) // 2]) :]
+            crashpoints.hit("mail_mid_write")
+        while view:
+            view = view[os.write(fd, view) :]
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_atomic(path: Path, data: bytes) -> None:
+    """Write ``path`` whole (replacing any earlier version)."""
+    tmp = write_tmp(path, data)
+    tmp.replace(path)
+
+
+def create_atomic(path: Path, data: bytes) -> bool:
+    """Create ``path`` whole, only if no file has that name; False when one had."""
+    tmp = write_tmp(path, data)
+    try:
+        return link_new(tmp, path)
+    finally:
+        tmp.unlink()
+
+
+def link_new(source: Path, name: Path) -> bool:
+    """Give ``source`` the new name ``name`` too; False when ``name`` exists already."""
+    try:
+        os.link(source, name)
+    except FileExistsError:
+        return False
+    return True
+
+
+def touch_new(path: Path) -> bool:
+    """Create an empty marker file; False when it exists already."""
+    try:
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+    except FileExistsError:
+        return False
+    return True
+
+
+def read_json(path: Path) -> Any:
+    """The file's JSON, or None when there is no such file."""
+    try:
+        with path.open("rb") as handle:
+            return json.loads(handle.read())
+    except FileNotFoundError:
+        return None
+
+
+_PARSED: dict[tuple[str, int], tuple[tuple[int, int, int, int], Any]] = {}
+
+
+def parsed(path: Path, parse: Callable[[Any], Any]) -> Any:
+    """``parse`` of the file's JSON (None when there is no file), kept while the file is the
+    same: a file is only ever replaced whole, so a new version has a new inode or time."""
+    try:
+        info = path.stat()
+        signature = (info.st_ino, info.st_mtime_ns, info.st_size, info.st_ctime_ns)
+    except FileNotFoundError:
+        signature = (0, 0, 0, 0)
+    key = (str(path), id(parse))
+    hit = _PARSED.get(key)
+    if hit is not None and hit[0] == signature:
+        return hit[1]
+    value = parse(read_json(path) if signature[0] else None)
+    if len(_PARSED) > 4096:
+        _PARSED.clear()
+    _PARSED[key] = (signature, value)
+    return value
+
+
+def dump(value: Any) -> bytes:
+    return json.dumps(value, ensure_ascii=False, sort_keys=True, separators=(",", ":")).encode()
+
+
+def names(folder: Path, suffix: str = ".json") -> Iterator[str]:
+    """The visible file names in ``folder`` ending in ``suffix``, without it."""
+    try:
+        entries = os.scandir(folder)
+    except FileNotFoundError:
+        return
+    with entries:
+        for entry in entries:
+            if entry.name.endswith(suffix) and not entry.name.startswith("."):
+                yield entry.name[: len(entry.name) - len(suffix)]
+
+
+def unlink_quietly(path: Path) -> bool:
+    try:
+        path.unlink()
+    except FileNotFoundError:
+        return False
+    return True
+
+
+@contextlib.contextmanager
+def locked(path: Path) -> Generator[int]:
+    """Hold an exclusive lock on ``path`` (created if missing) for the block; the block gets
+    its descriptor, to keep a small state in the file itself (``rewrite``)."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield fd
+    finally:
+        os.close(fd)
+
+
+def rewrite(fd: int, data: bytes) -> None:
+    """Replace a locked file's small content (a state kept under its lock; give it a fixed
+    length, so the file never needs truncating)."""
+    os.pwrite(fd, data, 0)
+
+
+def stale_temporaries(folder: Path) -> Iterator[Path]:
+    """The temporary files a crashed writer left in ``folder``."""
+    try:
+        entries = os.scandir(folder)
+    except FileNotFoundError:
+        return
+    with entries:
+        for entry in entries:
+            if entry.name.startswith(TMP_PREFIX):
+                pid = entry.name[len(TMP_PREFIX) :].split("-", 1)[0]
+                if pid.isdigit() and not alive(int(pid)):
+                    yield Path(entry.path)
+
+
+def alive(pid: int) -> bool:
+    """Whether a process with this pid runs on this machine."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

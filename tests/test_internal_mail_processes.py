@@ -1,0 +1,137 @@
+"""Internal mail across real processes: concurrent senders into one mailbox, senders killed
+with SIGKILL at a crash point or at a random moment, and delayed mail that outlives the
+process that sent it."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+from datetime import timedelta
+from pathlib import Path
+
+from agent.domain.internal_mail import StoredMail
+from agent.services.internal_mail import MailNetwork, deliver_due
+from agent.testing import FrozenClock
+from bench import mail as bench_mail
+from tests.conftest import wait_for
+
+
+def outloop(data_dir: Path, *args: str, crash: str | None = None) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "OUTLOOP_DATA_DIR": str(data_dir)}
+    env.pop("OUTLOOP_CRASHPOINT", None)
+    if crash:
+        env["OUTLOOP_CRASHPOINT"] = crash
+    return subprocess.run(
+        [sys.executable, "-m", "mcp_server.cli", "mail", *args],
+        env=env, capture_output=True, text=True, timeout=120, check=False,
+    )
+
+
+def visible_messages(folder: Path) -> list[StoredMail]:
+    """Every message file a reader sees in ``folder``: each must parse whole."""
+    return [
+        StoredMail.model_validate_json(p.read_bytes())
+        for p in folder.glob("*.json")
+        if not p.name.startswith(".")
+    ]
+
+
+def test_eight_processes_sending_a_thousand_each_into_one_mailbox_deliver_each_once(
+    tmp_path: Path,
+) -> None:
+    network = bench_mail.setup(tmp_path, senders=8)
+    bench_mail.race("product", tmp_path, senders=8, count=1000)
+    assert bench_mail.tally(network, senders=8, count=1000) == {
+        "delivered": 8000, "duplicates": 0, "lost": 0, "corrupt": 0,
+    }
+    inbox = network.box(bench_mail.TARGET).folder("inbox")
+    assert not [p for p in inbox.iterdir() if p.name.startswith(".")]  # no temporaries left
+
+
+def test_a_sender_killed_mid_write_leaves_no_partial_message_and_sends_nothing(
+    tmp_path: Path,
+) -> None:
+    network = MailNetwork.of_data_dir(tmp_path, FrozenClock())
+    hub = network.register("hub", "operator", "Hub")
+    network.set_presence(hub, True)
+    killed = outloop(tmp_path, "send", "--as", "triage", "hub", "-m", "half of me",
+                     crash="mail_mid_write")
+    assert killed.returncode == -signal.SIGKILL
+    triage = network.box("triage")
+    for folder in ("sent", "inbox", "archive"):
+        assert visible_messages(triage.folder(folder)) == []
+    assert visible_messages(hub.folder("inbox")) == []
+    assert deliver_due(network) == 0  # the unfinished write is recognised and dropped
+    assert list(triage.folder("claimed").iterdir()) == []
+    assert visible_messages(hub.folder("inbox")) == []
+
+
+def test_a_sender_killed_after_writing_its_side_is_delivered_once_by_the_next_pass(
+    tmp_path: Path,
+) -> None:
+    network = MailNetwork.of_data_dir(tmp_path, FrozenClock())
+    hub = network.register("hub", "operator", "Hub")
+    network.set_presence(hub, True)
+    killed = outloop(tmp_path, "send", "--as", "triage", "hub", "-m", "handoff",
+                     crash="mail_after_sender_state")
+    assert killed.returncode == -signal.SIGKILL
+    [sent] = visible_messages(network.box("triage").folder("sent"))
+    assert visible_messages(hub.folder("inbox")) == []
+    first = outloop(tmp_path, "deliver")
+    assert first.returncode == 0 and "delivered 1" in first.stdout
+    assert "delivered 0" in outloop(tmp_path, "deliver").stdout
+    [got] = visible_messages(hub.folder("inbox"))
+    assert got.uid == sent.uid and got.message == "handoff"
+
+
+def test_senders_killed_at_random_moments_leave_only_whole_messages_each_delivered_once(
+    tmp_path: Path,
+) -> None:
+    network = bench_mail.setup(tmp_path, senders=4)
+    inbox = network.box(bench_mail.TARGET).folder("inbox")
+    procs = bench_mail._spawn("product", tmp_path, 4, 400)  # pyright: ignore[reportPrivateUsage]
+    for proc in procs:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
+    for proc in procs:
+        assert proc.stdin is not None
+        proc.stdin.write("go\n")
+        proc.stdin.flush()
+    rng = random.Random(23)
+    victims = procs[:2]
+    wait_for(lambda: len(os.listdir(inbox)) >= 100, "the senders deliver their first mail")
+    for victim in victims:
+        wait_for(lambda: len(os.listdir(inbox)) >= rng.randint(100, 600), "more mail arrives")
+        victim.send_signal(signal.SIGKILL)
+    for proc in procs:
+        proc.communicate()
+    assert [p.returncode for p in victims] == [-signal.SIGKILL] * 2
+    deliver_due(network)  # the next pass finishes what the killed senders left in flight
+    delivered = visible_messages(inbox)
+    sent = [
+        m for i in range(4)
+        for m in visible_messages(network.box(f"sender-{i}").folder("sent"))
+    ]
+    assert sorted(m.uid for m in delivered) == sorted(m.uid for m in sent)  # once each
+    assert len(sent) < 1600  # the kills did cut the senders short
+
+
+def test_a_delayed_self_send_outlives_its_process_and_is_delivered_once(tmp_path: Path) -> None:
+    sent = outloop(tmp_path, "send", "--as", "triage", "triage", "-m", "capsule",
+                   "--delay", "3600", "--json")
+    assert sent.returncode == 0, sent.stderr
+    due = json.loads(sent.stdout)["deliver_at"]
+    clock = FrozenClock()
+    network = MailNetwork.of_data_dir(tmp_path, clock)
+    inbox = network.box("triage").folder("inbox")
+    from datetime import datetime
+
+    clock.moment = datetime.fromisoformat(due) - timedelta(seconds=1)
+    assert deliver_due(network) == 0
+    clock.advance(seconds=1)
+    assert deliver_due(network) == 1
+    assert deliver_due(network) == 0
+    assert [m.message for m in visible_messages(inbox)] == ["capsule"]
