@@ -35,10 +35,16 @@ def body(sender: str, n: int) -> str:
 
 def _record_bytes(sender: str, n: int) -> bytes:
     """The bytes the product writes for one message (the baseline writes exactly these)."""
-    record = StoredMail.model_validate({
-        "uid": "0" * 32, "from": sender, "sender_name": sender, "to": [TARGET],
-        "message": body(sender, n), "sent_at": SystemClock().now(),
-    })
+    record = StoredMail.model_validate(
+        {
+            "uid": "0" * 32,
+            "from": sender,
+            "sender_name": sender,
+            "to": [TARGET],
+            "message": body(sender, n),
+            "sent_at": SystemClock().now(),
+        }
+    )
     return mailfiles.dump(record.model_dump(mode="json", by_alias=True))
 
 
@@ -59,8 +65,13 @@ def _product(root: Path, sender: str, count: int) -> Callable[[int], None]:
     mail.ensure_mailbox()
 
     def one(n: int) -> None:
-        mail.call({"action": "send", "input": {"address": TARGET, "message": body(sender, n)},
-                   "reasoning": REASONING})
+        mail.call(
+            {
+                "action": "send",
+                "input": {"address": TARGET, "message": body(sender, n)},
+                "reasoning": REASONING,
+            }
+        )
 
     return one
 
@@ -84,61 +95,107 @@ def _baseline(root: Path, sender: str, count: int) -> Callable[[int], None]:
     return one
 
 
-def worker(mode: str, root: Path, sender: str, count: int) -> None:
-    """Set up, say ready, wait for the start line, send ``count`` messages, print timings."""
-    one = (_product if mode == "product" else _baseline)(root, sender, count)
+def worker(root: Path, sender: str, count: int) -> None:
+    """Set up both ways of writing, say ready, then run each command the parent sends
+    (``<mode> <first> <last>``: write messages first..last-1 that way) and print its
+    timings, until the input ends."""
+    ways = {"product": _product(root, sender, count), "baseline": _baseline(root, sender, count)}
     sys.stdout.write("ready\n")
     sys.stdout.flush()
-    if not sys.stdin.readline():
-        raise SystemExit("bench worker: the parent went away before the start")
-    latencies: list[float] = []
-    start = time.time()
-    for n in range(count):
-        began = time.perf_counter()
-        one(n)
-        latencies.append(time.perf_counter() - began)
-    timings = {"start": start, "end": time.time(), "latencies": latencies}
-    sys.stdout.write(json.dumps(timings) + "\n")
-    sys.stdout.flush()
+    for line in sys.stdin:
+        mode, first, last = line.split()
+        one = ways[mode]
+        latencies: list[float] = []
+        start = time.time()
+        for n in range(int(first), int(last)):
+            began = time.perf_counter()
+            one(n)
+            latencies.append(time.perf_counter() - began)
+        timings = {"start": start, "end": time.time(), "latencies": latencies}
+        sys.stdout.write(json.dumps(timings) + "\n")
+        sys.stdout.flush()
 
 
 # -- the parent ------------------------------------------------------------------------------------
 
 
-def _spawn(mode: str, root: Path, senders: int, count: int) -> list[subprocess.Popen[str]]:
-    return [
-        subprocess.Popen(
-            [sys.executable, "-m", "bench.mail", mode, str(root), f"sender-{i}", str(count)],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            text=True,
-        )
-        for i in range(senders)
-    ]
+class Workers:
+    """The sending processes, started once and driven round by round."""
+
+    def __init__(self, root: Path, senders: int, count: int) -> None:
+        self.procs = [
+            subprocess.Popen(
+                [sys.executable, "-m", "bench.mail", str(root), f"sender-{i}", str(count)],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                text=True,
+            )
+            for i in range(senders)
+        ]
+        for proc in self.procs:
+            assert proc.stdout is not None
+            if proc.stdout.readline().strip() != "ready":
+                raise RuntimeError(f"bench mail worker failed to start ({proc.wait()})")
+
+    def start(self, mode: str, first: int, last: int) -> None:
+        """Release every worker at once (the disk synced first, so no round pays for the
+        write-back of the one before)."""
+        os.sync()
+        for proc in self.procs:
+            assert proc.stdin is not None
+            proc.stdin.write(f"{mode} {first} {last}\n")
+            proc.stdin.flush()
+
+    def results(self) -> tuple[float, list[float]]:
+        """(wall seconds from the first start to the last end, every latency)."""
+        results: list[dict[str, Any]] = []
+        for proc in self.procs:
+            assert proc.stdout is not None
+            line = proc.stdout.readline()
+            if not line:
+                raise RuntimeError(f"bench mail worker failed ({proc.wait()})")
+            results.append(json.loads(line))
+        elapsed = max(r["end"] for r in results) - min(r["start"] for r in results)
+        return elapsed, [x for r in results for x in r["latencies"]]
+
+    def round(self, mode: str, first: int, last: int) -> tuple[float, list[float]]:
+        self.start(mode, first, last)
+        return self.results()
+
+    def close(self, *, expect_killed: int = 0) -> list[int]:
+        """End every worker (its input closes) and return their exit codes; a code other
+        than 0 fails, unless the caller killed that many on purpose."""
+        for proc in self.procs:
+            assert proc.stdin is not None and proc.stdout is not None
+            proc.stdin.close()
+            proc.wait(timeout=120)
+            proc.stdout.close()
+        codes = [proc.returncode for proc in self.procs]
+        if sum(1 for c in codes if c != 0) > expect_killed:
+            raise RuntimeError(f"bench mail worker failed ({codes})")
+        return codes
 
 
-def race(mode: str, root: Path, senders: int, count: int) -> tuple[float, list[float]]:
-    """Run ``senders`` processes of ``mode`` released together: (rate, latencies). The
-    disk is synced first, so no phase pays for the write-back of the one before."""
-    procs = _spawn(mode, root, senders, count)
-    for proc in procs:
-        assert proc.stdout is not None
-        if proc.stdout.readline().strip() != "ready":
-            raise RuntimeError(f"bench {mode} worker failed to start ({proc.wait()})")
-    os.sync()
-    for proc in procs:
-        assert proc.stdin is not None
-        proc.stdin.write("go\n")
-        proc.stdin.flush()
-    results: list[dict[str, Any]] = []
-    for proc in procs:
-        out, _ = proc.communicate()
-        if proc.returncode != 0:
-            raise RuntimeError(f"bench {mode} worker failed ({proc.returncode})")
-        results.append(json.loads(out.strip().splitlines()[-1]))
-    elapsed = max(r["end"] for r in results) - min(r["start"] for r in results)
-    latencies = [x for r in results for x in r["latencies"]]
-    return senders * count / elapsed, latencies
+def race(root: Path, senders: int, count: int, rounds: int = 4) -> dict[str, Any]:
+    """Baseline and product in alternating rounds by the same processes (a disk whose pace
+    drifts during the run affects both alike): each side's rate over its own rounds."""
+    workers = Workers(root, senders, count)
+    seconds = {"baseline": 0.0, "product": 0.0}
+    latencies: list[float] = []
+    try:
+        for r in range(rounds):
+            first, last = count * r // rounds, count * (r + 1) // rounds
+            for mode in ("baseline", "product"):
+                elapsed, lat = workers.round(mode, first, last)
+                seconds[mode] += elapsed
+                latencies += lat if mode == "product" else []
+    finally:
+        workers.close()
+    return {
+        "rate": senders * count / seconds["product"],
+        "baseline": senders * count / seconds["baseline"],
+        "latencies": latencies,
+    }
 
 
 def tally(network: MailNetwork, senders: int, count: int) -> dict[str, int]:
@@ -166,20 +223,18 @@ def run(
     root: Path, *, senders: int = 8, count: int = 1000, progress: Callable[[str], None]
 ) -> dict[str, Any]:
     network = setup(root, senders)
-    progress(f"baseline: {senders} processes x {count} atomic writes (tmp, fsync, rename)")
-    before, _ = race("baseline", root / "before", senders, count)
-    progress(f"product: {senders} processes x {count} internal messages into one mailbox")
-    rate, latencies = race("product", root, senders, count)
-    progress("baseline again (the disk's pace drifts: the baseline is the mean of both)")
-    after, _ = race("baseline", root / "after", senders, count)
-    baseline = (before + after) / 2
+    progress(
+        f"{senders} processes x {count} messages into one mailbox, in rounds alternating with "
+        "bare atomic writes (tmp, fsync, rename) of the same bytes"
+    )
+    measured = race(root, senders, count)
     counts = tally(network, senders, count)
-    cuts = statistics.quantiles(latencies, n=100)
+    cuts = statistics.quantiles(measured["latencies"], n=100)
     return {
         "bench": "mail",
-        "rate_per_s": round(rate, 1),
-        "baseline_per_s": round(baseline, 1),
-        "ratio": round(rate / baseline, 3),
+        "rate_per_s": round(measured["rate"], 1),
+        "baseline_per_s": round(measured["baseline"], 1),
+        "ratio": round(measured["rate"] / measured["baseline"], 3),
         "p50_ms": round(cuts[49] * 1000, 3),
         "p99_ms": round(cuts[98] * 1000, 3),
         "processes": senders,
@@ -190,12 +245,11 @@ def run(
 
 def main() -> None:
     parser = argparse.ArgumentParser(description="one bench mail worker process")
-    parser.add_argument("mode", choices=["product", "baseline"])
     parser.add_argument("root", type=Path)
     parser.add_argument("sender")
     parser.add_argument("count", type=int)
     args = parser.parse_args()
-    worker(args.mode, args.root, args.sender, args.count)
+    worker(args.root, args.sender, args.count)
 
 
 if __name__ == "__main__":

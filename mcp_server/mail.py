@@ -122,8 +122,10 @@ async def mail_session(
     whole network is delivered, and a change of the unread mail is published as an update
     of the unread resource. The heartbeat goes when the server stops."""
     await anyio.to_thread.run_sync(mail.ensure_mailbox)
+    await anyio.to_thread.run_sync(mail.network.beat, mail.box, "mcp")  # reachable from the start
+    seen = await anyio.to_thread.run_sync(inbox_signature, mail)
     async with anyio.create_task_group() as group:
-        group.start_soon(_keep_session, mail, bus, poll_seconds)
+        group.start_soon(_keep_session, mail, bus, poll_seconds, seen)
         try:
             yield
         finally:
@@ -131,16 +133,17 @@ async def mail_session(
             mail.network.end_session(mail.box)
 
 
-async def _keep_session(mail: InternalMail, bus: SubscriptionBus, poll_seconds: float) -> None:
-    last_beat = -HEARTBEAT_EVERY_SECONDS
-    seen: tuple[int, ...] | None = None
+async def _keep_session(
+    mail: InternalMail, bus: SubscriptionBus, poll_seconds: float, seen: tuple[int, ...]
+) -> None:
+    last_beat = anyio.current_time()
     while True:
         if anyio.current_time() - last_beat >= HEARTBEAT_EVERY_SECONDS:
             await anyio.to_thread.run_sync(mail.network.beat, mail.box, "mcp")
             last_beat = anyio.current_time()
         await anyio.to_thread.run_sync(_deliver_quietly, mail)
         now = await anyio.to_thread.run_sync(inbox_signature, mail)
-        if seen is not None and now != seen:
+        if now != seen:
             await bus.publish(ResourceUpdated(uri=UNREAD_URI))
         seen = now
         await anyio.sleep(poll_seconds)

@@ -24,12 +24,18 @@ class MailWorld:
         return MailNetwork.of_data_dir(self.data_dir, self.clock)
 
     def box(
-        self, address: str, kind: Kind = "agent", name: str = "", nickname: str = "",
-        *, alive: bool = True,
+        self,
+        address: str,
+        kind: Kind = "agent",
+        name: str = "",
+        nickname: str = "",
+        *,
+        alive: bool = True,
     ) -> InternalMail:
         """A mailbox acting as ``address`` (registered, with a fresh heartbeat if alive)."""
-        mail = InternalMail(self.network, Identity(address, kind=kind, name=name,
-                                                   nickname=nickname))
+        mail = InternalMail(
+            self.network, Identity(address, kind=kind, name=name, nickname=nickname)
+        )
         if name or nickname or not mail.box.exists():
             self.network.register(address, kind, name or address, nickname)
         if alive:
@@ -42,7 +48,9 @@ class MailWorld:
         (root / "network.json").write_text(json.dumps(config))
 
 
-def call(mail: InternalMail, action: str, reasoning: str = "a test call", **fields: Any) -> MailResult:
+def call(
+    mail: InternalMail, action: str, reasoning: str = "a test call", **fields: Any
+) -> MailResult:
     return mail.call({"action": action, "input": fields, "reasoning": reasoning})
 
 
@@ -69,7 +77,7 @@ def tree(root: Path) -> dict[str, tuple[int, int, str]]:
         for name in dirs + files:
             path = Path(base) / name
             info = path.lstat()
-            target = os.readlink(path) if path.is_symlink() else ""
+            target = str(path.readlink()) if path.is_symlink() else ""
             found[str(path.relative_to(root))] = (info.st_size, info.st_mtime_ns, target)
     return found
 

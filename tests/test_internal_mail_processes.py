@@ -10,7 +10,7 @@ import random
 import signal
 import subprocess
 import sys
-from datetime import timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
 
 from agent.domain.internal_mail import StoredMail
@@ -20,14 +20,20 @@ from bench import mail as bench_mail
 from tests.conftest import wait_for
 
 
-def outloop(data_dir: Path, *args: str, crash: str | None = None) -> subprocess.CompletedProcess[str]:
+def outloop(
+    data_dir: Path, *args: str, crash: str | None = None
+) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "OUTLOOP_DATA_DIR": str(data_dir)}
     env.pop("OUTLOOP_CRASHPOINT", None)
     if crash:
         env["OUTLOOP_CRASHPOINT"] = crash
     return subprocess.run(
         [sys.executable, "-m", "mcp_server.cli", "mail", *args],
-        env=env, capture_output=True, text=True, timeout=120, check=False,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
     )
 
 
@@ -44,9 +50,14 @@ def test_eight_processes_sending_a_thousand_each_into_one_mailbox_deliver_each_o
     tmp_path: Path,
 ) -> None:
     network = bench_mail.setup(tmp_path, senders=8)
-    bench_mail.race("product", tmp_path, senders=8, count=1000)
+    workers = bench_mail.Workers(tmp_path, senders=8, count=1000)
+    workers.round("product", 0, 1000)
+    workers.close()
     assert bench_mail.tally(network, senders=8, count=1000) == {
-        "delivered": 8000, "duplicates": 0, "lost": 0, "corrupt": 0,
+        "delivered": 8000,
+        "duplicates": 0,
+        "lost": 0,
+        "corrupt": 0,
     }
     inbox = network.box(bench_mail.TARGET).folder("inbox")
     assert not [p for p in inbox.iterdir() if p.name.startswith(".")]  # no temporaries left
@@ -58,8 +69,9 @@ def test_a_sender_killed_mid_write_leaves_no_partial_message_and_sends_nothing(
     network = MailNetwork.of_data_dir(tmp_path, FrozenClock())
     hub = network.register("hub", "operator", "Hub")
     network.set_presence(hub, True)
-    killed = outloop(tmp_path, "send", "--as", "triage", "hub", "-m", "half of me",
-                     crash="mail_mid_write")
+    killed = outloop(
+        tmp_path, "send", "--as", "triage", "hub", "-m", "half of me", crash="mail_mid_write"
+    )
     assert killed.returncode == -signal.SIGKILL
     triage = network.box("triage")
     for folder in ("sent", "inbox", "archive"):
@@ -76,8 +88,9 @@ def test_a_sender_killed_after_writing_its_side_is_delivered_once_by_the_next_pa
     network = MailNetwork.of_data_dir(tmp_path, FrozenClock())
     hub = network.register("hub", "operator", "Hub")
     network.set_presence(hub, True)
-    killed = outloop(tmp_path, "send", "--as", "triage", "hub", "-m", "handoff",
-                     crash="mail_after_sender_state")
+    killed = outloop(
+        tmp_path, "send", "--as", "triage", "hub", "-m", "handoff", crash="mail_after_sender_state"
+    )
     assert killed.returncode == -signal.SIGKILL
     [sent] = visible_messages(network.box("triage").folder("sent"))
     assert visible_messages(hub.folder("inbox")) == []
@@ -93,42 +106,35 @@ def test_senders_killed_at_random_moments_leave_only_whole_messages_each_deliver
 ) -> None:
     network = bench_mail.setup(tmp_path, senders=4)
     inbox = network.box(bench_mail.TARGET).folder("inbox")
-    procs = bench_mail._spawn("product", tmp_path, 4, 400)  # pyright: ignore[reportPrivateUsage]
-    for proc in procs:
-        assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
-    for proc in procs:
-        assert proc.stdin is not None
-        proc.stdin.write("go\n")
-        proc.stdin.flush()
+    workers = bench_mail.Workers(tmp_path, senders=4, count=400)
+    procs = workers.procs
+    workers.start("product", 0, 400)
     rng = random.Random(23)
     victims = procs[:2]
-    wait_for(lambda: len(os.listdir(inbox)) >= 100, "the senders deliver their first mail")
+    wait_for(lambda: len(list(inbox.iterdir())) >= 100, "the senders deliver their first mail")
     for victim in victims:
-        wait_for(lambda: len(os.listdir(inbox)) >= rng.randint(100, 600), "more mail arrives")
+        wait_for(lambda: len(list(inbox.iterdir())) >= rng.randint(100, 600), "more mail arrives")
         victim.send_signal(signal.SIGKILL)
-    for proc in procs:
-        proc.communicate()
-    assert [p.returncode for p in victims] == [-signal.SIGKILL] * 2
+    codes = workers.close(expect_killed=2)
+    assert codes[:2] == [-signal.SIGKILL] * 2
     deliver_due(network)  # the next pass finishes what the killed senders left in flight
     delivered = visible_messages(inbox)
     sent = [
-        m for i in range(4)
-        for m in visible_messages(network.box(f"sender-{i}").folder("sent"))
+        m for i in range(4) for m in visible_messages(network.box(f"sender-{i}").folder("sent"))
     ]
     assert sorted(m.uid for m in delivered) == sorted(m.uid for m in sent)  # once each
     assert len(sent) < 1600  # the kills did cut the senders short
 
 
 def test_a_delayed_self_send_outlives_its_process_and_is_delivered_once(tmp_path: Path) -> None:
-    sent = outloop(tmp_path, "send", "--as", "triage", "triage", "-m", "capsule",
-                   "--delay", "3600", "--json")
+    sent = outloop(
+        tmp_path, "send", "--as", "triage", "triage", "-m", "capsule", "--delay", "3600", "--json"
+    )
     assert sent.returncode == 0, sent.stderr
     due = json.loads(sent.stdout)["deliver_at"]
     clock = FrozenClock()
     network = MailNetwork.of_data_dir(tmp_path, clock)
     inbox = network.box("triage").folder("inbox")
-    from datetime import datetime
-
     clock.moment = datetime.fromisoformat(due) - timedelta(seconds=1)
     assert deliver_due(network) == 0
     clock.advance(seconds=1)

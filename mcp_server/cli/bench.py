@@ -1,4 +1,4 @@
-"""``outloop bench claims|reconcile|render|mcp|send|intake|browser``: the benchmarks of the
+"""``outloop bench claims|reconcile|render|mcp|send|mail|intake|browser``: the benchmarks of the
 ``bench`` package. Each measures its baseline in the same run and prints one JSON object
 with --json."""
 
@@ -176,6 +176,31 @@ def bench_send(sends: int, mailbox: str, as_json: bool, data_dir: Path | None) -
         scratch, sends=sends, mailbox=mailbox, progress=lambda line: click.echo(line, err=True)
     )
     echo_result(result, as_json, 24)
+
+
+@bench.command("mail")
+@number_option(
+    "--processes", click.IntRange(min=1, max=64), 8, "Sending processes, all into one mailbox."
+)
+@number_option("--messages", click.IntRange(min=1), 1000, "Messages each process sends.")
+@bench_output_options
+def bench_mail(processes: int, messages: int, as_json: bool, data_dir: Path | None) -> None:
+    """Internal messages sent and delivered per second by several processes into one
+    mailbox, against bare atomic writes (temporary file, fsync, rename) of the same bytes by
+    as many processes in the same run; every message is then read back (lost, duplicates)."""
+    from bench import mail  # noqa: PLC0415 - loaded by the command that runs it only
+
+    scratch = _bench_scratch(data_dir)
+    try:
+        result = mail.run(
+            scratch,
+            senders=processes,
+            count=messages,
+            progress=lambda line: click.echo(line, err=True),
+        )
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    echo_result(result, as_json, 16)
 
 
 @bench.command("intake")

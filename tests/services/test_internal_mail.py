@@ -9,7 +9,8 @@ from typing import Any
 import pytest
 
 from agent.domain.internal_mail import ACTIONS
-from agent.services.internal_mail import deliver_due
+from agent.services.internal_mail import Identity, InternalMail, deliver_due
+from agent.services.internal_mail.delivery import Entry, Recipient, deliver
 from agent.services.internal_mail.footprint import clean, footprint
 from tests.mail_world import MailWorld, call, inbox_ids, lane, refused, tree
 
@@ -77,8 +78,20 @@ def test_an_input_field_of_another_action_is_refused_before_any_file_changes(
 
 def test_every_action_of_the_seed_is_offered() -> None:
     assert set(ACTIONS) == {
-        "send", "check", "read", "dismiss", "reply", "reply_all", "search", "archive",
-        "delete", "contacts", "add_contact", "remove_contact", "edit_contact", "settings",
+        "send",
+        "check",
+        "read",
+        "dismiss",
+        "reply",
+        "reply_all",
+        "search",
+        "archive",
+        "delete",
+        "contacts",
+        "add_contact",
+        "remove_contact",
+        "edit_contact",
+        "settings",
         "manual",
     }
 
@@ -99,8 +112,6 @@ def test_a_call_without_its_required_envelope_is_refused_before_any_io(
     tmp_path: Path, raw: dict[str, Any]
 ) -> None:
     world = MailWorld(tmp_path / "fresh")
-    from agent.services.internal_mail import Identity, InternalMail
-
     mail = InternalMail(world.network, Identity("triage"))
     assert refused(mail, raw).code == "INVALID_INPUT"
     assert not world.data_dir.exists()  # not even the mailbox was created
@@ -108,12 +119,14 @@ def test_a_call_without_its_required_envelope_is_refused_before_any_io(
 
 def test_an_input_field_set_to_null_counts_as_omitted(world: MailWorld) -> None:
     triage, _ = sent_to(world)
-    answer = triage.call({
-        "action": "check",
-        "input": {"folder": None, "n": None, "filter": None},
-        "reasoning": "r",
-        "summarize": None,
-    })
+    answer = triage.call(
+        {
+            "action": "check",
+            "input": {"folder": None, "n": None, "filter": None},
+            "reasoning": "r",
+            "summarize": None,
+        }
+    )
     assert answer.payload["folder"] == "inbox"
 
 
@@ -151,8 +164,14 @@ def test_a_body_of_exactly_the_limit_goes_and_one_character_more_is_refused(
     world.box("ops/noa", "operator")
     assert call(triage, "send", address="ops/noa", message="x" * 50_000).payload["status"] == "sent"
     before = tree(world.data_dir)
-    error = refused(triage, {"action": "send", "input": {"address": "ops/noa",
-                             "message": "y" * 50_001}, "reasoning": "r"})
+    error = refused(
+        triage,
+        {
+            "action": "send",
+            "input": {"address": "ops/noa", "message": "y" * 50_001},
+            "reasoning": "r",
+        },
+    )
     assert error.code == "BODY_TOO_LONG" and "50,000" in str(error)
     assert tree(world.data_dir) == before
 
@@ -178,8 +197,13 @@ def test_the_duplicate_guard_counts_recipients_and_body_together(world: MailWorl
     world.box("b")
     call(triage, "send", address="a", message="same")
     call(triage, "send", address="b", message="same")  # another recipient: not a repeat
-    assert refused(triage, {"action": "send", "input": {"address": "b", "message": "same"},
-                            "reasoning": "r"}).code == "DUPLICATE_SEND"
+    assert (
+        refused(
+            triage,
+            {"action": "send", "input": {"address": "b", "message": "same"}, "reasoning": "r"},
+        ).code
+        == "DUPLICATE_SEND"
+    )
 
 
 def test_a_target_with_a_stale_heartbeat_bounces(world: MailWorld) -> None:
@@ -234,8 +258,9 @@ def test_an_address_that_is_not_a_peer_path_is_refused_and_nothing_is_written(
 ) -> None:
     triage = world.box("triage")
     before = tree(world.data_dir)
-    error = refused(triage, {"action": "send", "input": {"address": address, "message": "x"},
-                             "reasoning": "r"})
+    error = refused(
+        triage, {"action": "send", "input": {"address": address, "message": "x"}, "reasoning": "r"}
+    )
     assert error.code == "INVALID_INPUT"
     assert tree(world.data_dir) == before
 
@@ -273,8 +298,13 @@ def test_a_pseudo_subscriber_gets_a_copy_of_others_mail_but_cannot_send(
     call(triage, "send", address="triage", message="private note")
     [copy] = call(audit, "check").payload["emails"]
     assert copy["preview"] == "for the record" and copy["to"] == ["ops/noa"]
-    assert refused(audit, {"action": "send", "input": {"address": "triage", "message": "x"},
-                           "reasoning": "r"}).code == "NOT_PERMITTED"
+    assert (
+        refused(
+            audit,
+            {"action": "send", "input": {"address": "triage", "message": "x"}, "reasoning": "r"},
+        ).code
+        == "NOT_PERMITTED"
+    )
     [direct] = call(triage, "send", address="audit", message="hi").events
     assert "read-only" in direct["reason"]
 
@@ -285,7 +315,7 @@ def test_a_pseudo_subscriber_gets_a_copy_of_others_mail_but_cannot_send(
 def test_a_self_send_is_a_durable_unread_note(world: MailWorld) -> None:
     triage = world.box("triage", alive=False)  # a note to self needs no heartbeat
     call(triage, "send", address="triage", message="remember the invoice")
-    [entry] = lane(call(triage, "check")).get("entries")
+    [entry] = lane(call(triage, "check"))["entries"]
     assert entry["message"] == "remember the invoice"
     assert lane(call(triage, "check"))["total"] == 1  # still there until handled
 
@@ -322,8 +352,9 @@ def test_attachments_are_copied_for_others_and_referred_to_for_self(
     report.write_text("a,b\n1,2\n")
     triage = world.box("triage")
     noa = world.box("ops/noa", "operator")
-    call(triage, "send", address=["ops/noa", "triage"], message="see file",
-         attachments=[str(report)])
+    call(
+        triage, "send", address=["ops/noa", "triage"], message="see file", attachments=[str(report)]
+    )
     report.write_text("changed later")
     [theirs] = call(noa, "read", email_id=inbox_ids(noa)).payload["emails"]
     [mine] = call(triage, "read", email_id=inbox_ids(triage)).payload["emails"]
@@ -337,8 +368,18 @@ def test_a_missing_attachment_refuses_the_send_and_writes_nothing(
     triage = world.box("triage")
     world.box("ops/noa", "operator")
     before = tree(world.data_dir)
-    error = refused(triage, {"action": "send", "input": {"address": "ops/noa", "message": "x",
-                             "attachments": [str(tmp_path / "nope.pdf")]}, "reasoning": "r"})
+    error = refused(
+        triage,
+        {
+            "action": "send",
+            "input": {
+                "address": "ops/noa",
+                "message": "x",
+                "attachments": [str(tmp_path / "nope.pdf")],
+            },
+            "reasoning": "r",
+        },
+    )
     assert error.code == "NOT_FOUND"
     assert tree(world.data_dir) == before
 
@@ -370,8 +411,15 @@ def test_check_filters_by_sender_recipient_subject_unread_time_and_attachment(
     call(triage, "send", address="ops/noa", message="a", subject="Invoice 7")
     world.clock.advance(hours=1)
     world.network.set_presence(noa.box, True)
-    call(billing, "send", address="ops/noa", message="b", subject="Lunch", cc=["triage"],
-         attachments=[str(file)])
+    call(
+        billing,
+        "send",
+        address="ops/noa",
+        message="b",
+        subject="Lunch",
+        cc=["triage"],
+        attachments=[str(file)],
+    )
     first = inbox_ids(noa)[-1]
     call(noa, "dismiss", email_id=[first])
 
@@ -385,8 +433,10 @@ def test_check_filters_by_sender_recipient_subject_unread_time_and_attachment(
     assert subjects(since="2026-11-30T09:30:00+00:00") == ["Lunch"]
     assert subjects(until="2026-11-30T09:30:00") == ["Invoice 7"]
     assert subjects(has_attachment=True) == ["Lunch"]
-    assert refused(noa, {"action": "check", "input": {"filter": {"body": "x"}},
-                         "reasoning": "r"}).code == "INVALID_INPUT"
+    assert (
+        refused(noa, {"action": "check", "input": {"filter": {"body": "x"}}, "reasoning": "r"}).code
+        == "INVALID_INPUT"
+    )
 
 
 def test_check_stays_within_its_token_limit(world: MailWorld) -> None:
@@ -420,8 +470,11 @@ def test_an_unknown_id_refuses_the_whole_call_and_changes_nothing(world: MailWor
     ids = inbox_ids(noa)
     for action in ("read", "dismiss", "archive", "delete"):
         before = tree(world.data_dir)
-        raw = {"action": action, "input": {"email_id": [*ids, "20261130T090000000000-"
-                                                        "000000000000"]}, "reasoning": "r"}
+        raw = {
+            "action": action,
+            "input": {"email_id": [*ids, "20261130T090000000000-000000000000"]},
+            "reasoning": "r",
+        }
         assert refused(noa, raw).code == "NOT_FOUND"
         assert tree(world.data_dir) == before
 
@@ -480,8 +533,11 @@ def test_reply_takes_exactly_one_id(world: MailWorld) -> None:
     noa = world.box("ops/noa", "operator")
     call(triage, "send", address="ops/noa", message="a")
     call(triage, "send", address="ops/noa", message="b")
-    raw = {"action": "reply", "input": {"email_id": inbox_ids(noa), "message": "x"},
-           "reasoning": "r"}
+    raw = {
+        "action": "reply",
+        "input": {"email_id": inbox_ids(noa), "message": "x"},
+        "reasoning": "r",
+    }
     assert refused(noa, raw).code == "INVALID_INPUT"
 
 
@@ -510,8 +566,13 @@ def test_archive_moves_inbox_mail_out_of_the_inbox_and_the_unread_lane(world: Ma
     assert lane(answer)["total"] == 0
     assert call(noa, "check").payload["total"] == 0
     [archived] = call(noa, "check", folder="archive").payload["emails"]
-    assert refused(noa, {"action": "archive", "input": {"email_id": [archived["email_id"]]},
-                         "reasoning": "r"}).code == "NOT_FOUND"
+    assert (
+        refused(
+            noa,
+            {"action": "archive", "input": {"email_id": [archived["email_id"]]}, "reasoning": "r"},
+        ).code
+        == "NOT_FOUND"
+    )
 
 
 def test_delete_removes_inbox_and_archive_mail(world: MailWorld) -> None:
@@ -531,15 +592,14 @@ def test_delete_refuses_sent_mail_and_changes_nothing(world: MailWorld) -> None:
     call(noa, "send", address="triage", message="reply")
     mine = inbox_ids(triage)
     before = tree(world.data_dir)
-    error = refused(triage, {"action": "delete", "input": {"email_id": [*mine, sent]},
-                             "reasoning": "r"})
+    error = refused(
+        triage, {"action": "delete", "input": {"email_id": [*mine, sent]}, "reasoning": "r"}
+    )
     assert error.code == "NOT_PERMITTED"
     assert tree(world.data_dir) == before
 
 
 def test_a_repeated_delivery_never_brings_back_archived_or_deleted_mail(world: MailWorld) -> None:
-    from agent.services.internal_mail.delivery import Entry, Recipient, deliver
-
     triage = world.box("triage")
     noa = world.box("ops/noa", "operator")
     call(triage, "send", address="ops/noa", message="once")
@@ -583,8 +643,7 @@ def test_contacts_are_added_edited_listed_and_removed(world: MailWorld) -> None:
     assert call(noa, "contacts").payload["contacts"] == []
     missing = {"action": "remove_contact", "input": {"address": "triage"}, "reasoning": "r"}
     assert refused(noa, missing).code == "NOT_FOUND"
-    bad = {"action": "add_contact", "input": {"address": "x@y.test", "name": "n"},
-           "reasoning": "r"}
+    bad = {"action": "add_contact", "input": {"address": "x@y.test", "name": "n"}, "reasoning": "r"}
     assert refused(noa, bad).code == "INVALID_INPUT"
 
 
@@ -592,13 +651,18 @@ def test_contacts_are_added_edited_listed_and_removed(world: MailWorld) -> None:
 
 
 def test_settings_show_exactly_five_rows_of_exactly_five_fields(world: MailWorld) -> None:
-    world.configure(pseudo_agent_subscriptions=[{"subscriber": "audit-secret-name"}],
-                    settings={"unread.max_entries": 7})
+    world.configure(
+        pseudo_agent_subscriptions=[{"subscriber": "audit-secret-name"}],
+        settings={"unread.max_entries": 7},
+    )
     triage = world.box("triage")
     rows = call(triage, "settings").payload["settings"]
     assert [r["key"] for r in rows] == [
-        "send.body_char_limit", "send.duplicate_free_passes", "check.result_token_limit",
-        "unread.max_entries", "manifest.pseudo_agent_subscriptions",
+        "send.body_char_limit",
+        "send.duplicate_free_passes",
+        "check.result_token_limit",
+        "unread.max_entries",
+        "manifest.pseudo_agent_subscriptions",
     ]
     assert all(set(r) == {"key", "current", "default", "configurable", "comment"} for r in rows)
     assert rows[0]["current"] == rows[0]["default"] == 50_000
@@ -609,8 +673,6 @@ def test_settings_show_exactly_five_rows_of_exactly_five_fields(world: MailWorld
 
 
 def test_settings_and_manual_touch_no_mailbox(tmp_path: Path) -> None:
-    from agent.services.internal_mail import Identity, InternalMail
-
     world = MailWorld(tmp_path / "fresh")
     mail = InternalMail(world.network, Identity("triage"))
     assert call(mail, "settings").meta is None
@@ -627,7 +689,9 @@ def test_unreadable_settings_fail_the_whole_inventory_with_no_partial_rows(
     world: MailWorld,
 ) -> None:
     triage = world.box("triage")
-    (world.data_dir / "mail" / "network.json").write_text('{"settings": {"unread.max_entries": -1}}')
+    (world.data_dir / "mail" / "network.json").write_text(
+        '{"settings": {"unread.max_entries": -1}}'
+    )
     error = refused(triage, {"action": "settings", "input": {}, "reasoning": "r"})
     assert error.code == "SETTINGS_UNAVAILABLE"
     (world.data_dir / "mail" / "network.json").write_text("{not json")
@@ -664,8 +728,9 @@ def test_read_dismiss_archive_and_delete_refresh_the_mirror_file(world: MailWorl
         call(triage, "send", address="ops/noa", message=f"m{n}")
     mirror = noa.box.root / ".notification" / "email.json"
     ids = sorted(inbox_ids(noa))
-    for action, email_id, left in zip(("read", "dismiss", "archive", "delete"), ids,
-                                       (3, 2, 1, 0), strict=True):
+    for action, email_id, left in zip(
+        ("read", "dismiss", "archive", "delete"), ids, (3, 2, 1, 0), strict=True
+    ):
         call(noa, action, email_id=[email_id])
         state = json.loads(mirror.read_text())
         assert state["producer"] == "internal_mail" and state["unread"] == left

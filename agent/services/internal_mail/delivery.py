@@ -33,7 +33,7 @@ from agent.domain.internal_mail import (
     StoredMail,
     local_id,
 )
-from agent.services.internal_mail.network import MailboxDir, MailboxMeta, MailNetwork
+from agent.services.internal_mail.network import MailboxDir, MailNetwork
 from agent.storage import mailfiles
 
 STAMP = "%Y%m%dT%H%M%S%f"
@@ -300,7 +300,3 @@ def next_due(boxes: list[MailboxDir]) -> datetime | None:
 
 def due_at(network: MailNetwork, delay: int | None) -> datetime | None:
     return network.clock.now() + timedelta(seconds=delay) if delay else None
-
-
-def sender_fields(meta: MailboxMeta) -> dict[str, str]:
-    return {"sender_name": meta.name, "sender_nickname": meta.nickname}

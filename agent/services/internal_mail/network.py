@@ -88,18 +88,26 @@ class MailboxDir:
             found = self._folders[name] = where
         return found
 
+    def file(self, name: str) -> Path:
+        """A file of the mailbox folder itself (agent.json, heartbeat.json, ...)."""
+        key = f"/{name}"
+        found = self._folders.get(key)
+        if found is None:
+            found = self._folders[key] = self.root / name
+        return found
+
     @cached_property
     def notifications(self) -> Path:
         return self.root / ".notification"
 
     def meta(self) -> MailboxMeta | None:
         try:
-            return cast(MailboxMeta | None, mailfiles.parsed(self.root / "agent.json", _meta_of))
+            return cast(MailboxMeta | None, mailfiles.parsed(self.file("agent.json"), _meta_of))
         except (ValueError, OSError):
             return None
 
     def exists(self) -> bool:
-        return (self.root / "agent.json").is_file()
+        return (self.file("agent.json")).is_file()
 
 
 class MailNetwork:
@@ -109,6 +117,7 @@ class MailNetwork:
         self.root = root
         self.clock = clock
         self._boxes: dict[tuple[str, Mode], MailboxDir] = {}
+        self._config_file = root / CONFIG_FILE
 
     @classmethod
     def of_data_dir(cls, data_dir: Path, clock: Clock) -> MailNetwork:
@@ -117,7 +126,7 @@ class MailNetwork:
     def config(self) -> NetworkConfig:
         """The applied configuration, or SETTINGS_UNAVAILABLE when it cannot be known."""
         try:
-            return cast(NetworkConfig, mailfiles.parsed(self.root / CONFIG_FILE, _config_of))
+            return cast(NetworkConfig, mailfiles.parsed(self._config_file, _config_of))
         except (ValueError, ValidationError, OSError) as exc:
             raise MailError(
                 "SETTINGS_UNAVAILABLE",
@@ -150,25 +159,25 @@ class MailNetwork:
         (box.folder("outbox") / "claimed").mkdir(exist_ok=True)
         (box.folder("events") / "seen").mkdir(exist_ok=True)
         box.notifications.mkdir(exist_ok=True)
-        mailfiles.write_atomic(box.root / "agent.json", mailfiles.dump(meta.model_dump()))
+        mailfiles.write_atomic(box.file("agent.json"), mailfiles.dump(meta.model_dump()))
         return box
 
     def beat(self, box: MailboxDir, session: str) -> None:
         """The session acting as this mailbox is alive now."""
         stamp = {"at": self.clock.now().isoformat(), "pid": os.getpid(), "session": session}
-        mailfiles.write_atomic(box.root / "heartbeat.json", mailfiles.dump(stamp))
+        mailfiles.write_atomic(box.file("heartbeat.json"), mailfiles.dump(stamp))
 
     def end_session(self, box: MailboxDir) -> None:
-        heartbeat: Any = mailfiles.read_json(box.root / "heartbeat.json")
+        heartbeat: Any = mailfiles.read_json(box.file("heartbeat.json"))
         if isinstance(heartbeat, dict) and heartbeat.get("pid") == os.getpid():  # pyright: ignore[reportUnknownMemberType]
-            mailfiles.unlink_quietly(box.root / "heartbeat.json")
+            mailfiles.unlink_quietly(box.file("heartbeat.json"))
 
     def set_presence(self, box: MailboxDir, reachable: bool) -> None:
         if reachable:
             stamp = {"reachable": True, "since": self.clock.now().isoformat()}
-            mailfiles.write_atomic(box.root / "presence.json", mailfiles.dump(stamp))
+            mailfiles.write_atomic(box.file("presence.json"), mailfiles.dump(stamp))
         else:
-            mailfiles.unlink_quietly(box.root / "presence.json")
+            mailfiles.unlink_quietly(box.file("presence.json"))
 
     def unreachable_reason(self, box: MailboxDir) -> str | None:
         """Why ``box`` cannot receive mail now, or None when it can."""
@@ -188,12 +197,12 @@ class MailNetwork:
         return None
 
     def _fresh(self, box: MailboxDir) -> bool:
-        at = _stamp(box.root / "heartbeat.json", _HEARTBEAT_AT)
+        at = _stamp(box.file("heartbeat.json"), _HEARTBEAT_AT)
         limit = timedelta(seconds=HEARTBEAT_FRESH_SECONDS)
         return at is not None and self.clock.now() - at <= limit
 
     def _present(self, box: MailboxDir) -> bool:
-        return _stamp(box.root / "presence.json", _PRESENT_SINCE) is not None
+        return _stamp(box.file("presence.json"), _PRESENT_SINCE) is not None
 
     def mailboxes(self) -> list[MailboxDir]:
         """Every mailbox of the network (folders holding agent.json)."""

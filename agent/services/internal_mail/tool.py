@@ -214,23 +214,22 @@ class InternalMail:
         cc = [checked_address(a, mode) for a in cc if a not in to]
         refs, snapshot = _attachments(attachments)
         digest = body_digest(to + cc, message)
-        with mailfiles.locked(self.box.store / ".guard") as guard:
+        with mailfiles.locked(self.box.folder(".guard")) as guard:
             count = self._guard(guard, digest, config)
-            record = StoredMail.model_validate(
-                {
-                    "uid": delivery.new_uid(),
-                    "from": self._own_address(mode),
-                    **delivery.sender_fields(meta),
-                    "mode": mode,
-                    "to": to,
-                    "cc": cc,
-                    "subject": subject,
-                    "message": message,
-                    "attachments": [r.model_dump() for r in refs],
-                    "sent_at": self.network.clock.now(),
-                    "deliver_at": delivery.due_at(self.network, delay),
-                    "in_reply_to": in_reply_to,
-                }
+            record = StoredMail.model_construct(  # every value was checked above
+                uid=delivery.new_uid(),
+                from_=self._own_address(mode),
+                sender_name=meta.name,
+                sender_nickname=meta.nickname,
+                mode=mode,
+                to=to,
+                cc=cc,
+                subject=subject,
+                message=message,
+                attachments=refs,
+                sent_at=self.network.clock.now(),
+                deliver_at=delivery.due_at(self.network, delay),
+                in_reply_to=in_reply_to,
             )
             recipients = self._recipients(to + cc, mode, config)
             outgoing = Outgoing(record, recipients, snapshot)
@@ -373,11 +372,11 @@ class InternalMail:
     # -- contacts ----------------------------------------------------------------------------------
 
     def _contact_book(self) -> dict[str, dict[str, str]]:
-        data = mailfiles.read_json(self.box.store / "contacts.json")
+        data = mailfiles.read_json(self.box.folder("contacts.json"))
         return dict(data) if isinstance(data, dict) else {}  # pyright: ignore[reportUnknownArgumentType]
 
     def _save_contacts(self, book: dict[str, dict[str, str]]) -> None:
-        mailfiles.write_atomic(self.box.store / "contacts.json", mailfiles.dump(book))
+        mailfiles.write_atomic(self.box.folder("contacts.json"), mailfiles.dump(book))
 
     def _contacts(self) -> dict[str, Any]:
         book = self._contact_book()
@@ -386,14 +385,14 @@ class InternalMail:
 
     def _add_contact(self, inp: AddContactInput) -> dict[str, Any]:
         address = _contact_address(inp.address)
-        with mailfiles.locked(self.box.store / ".lock"):
+        with mailfiles.locked(self.box.folder(".lock")):
             book = self._contact_book()
             book[address] = {"name": inp.name, "note": inp.note or ""}
             self._save_contacts(book)
         return {"status": "ok", "contact": {"address": address, **book[address]}}
 
     def _remove_contact(self, inp: AddressInput) -> dict[str, Any]:
-        with mailfiles.locked(self.box.store / ".lock"):
+        with mailfiles.locked(self.box.folder(".lock")):
             book = self._contact_book()
             if book.pop(inp.address, None) is None:
                 raise MailError("NOT_FOUND", f"no contact {inp.address!r}; contacts lists them")
@@ -403,7 +402,7 @@ class InternalMail:
     def _edit_contact(self, inp: EditContactInput) -> dict[str, Any]:
         if inp.name is None and inp.note is None:
             raise invalid("edit_contact: give name, note or both")
-        with mailfiles.locked(self.box.store / ".lock"):
+        with mailfiles.locked(self.box.folder(".lock")):
             book = self._contact_book()
             if inp.address not in book:
                 raise MailError("NOT_FOUND", f"no contact {inp.address!r}; add_contact adds one")
