@@ -34,6 +34,8 @@
     |   +-- SendRefused         the gate has blocking reasons (``gate``; replies.py)
     |   +-- AlreadySent         the draft went to these recipients already (``send``; replies.py)
     +-- InvalidRequest          a malformed request its caller can fix
+    +-- MailError               an internal mail call refused, with its ``code``
+    |                           (agent/domain/internal_mail.py)
     +-- ServeError              a server option that cannot work (mcp_server/http.py)
 
 Inside adapters only (translated before they leave it): ``UnparseableMessage``

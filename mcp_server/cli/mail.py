@@ -442,6 +442,7 @@ def _print_new(mail: InternalMail, shown: set[str]) -> set[str]:
         if found is not None:
             who = found.sender_nickname or found.sender_name
             click.echo(f"* {email_id}  {who} <{found.from_}>  {found.subject or '(no subject)'}")
+            sys.stdout.flush()  # a watcher reads each arrival as it comes
     return set(unread)
 
 
