@@ -134,7 +134,7 @@ def _claim_path(owner: MailboxDir, entry: Entry) -> Path:
 
 
 def _bytes(record: StoredMail) -> bytes:
-    return mailfiles.dump(record.model_dump(mode="json", by_alias=True))
+    return record.model_dump_json(by_alias=True).encode()
 
 
 def deliver(

@@ -90,8 +90,11 @@ class Folders:
 
     def unread_ids(self) -> list[str]:
         """Unread inbox ids, oldest first."""
+        inbox = list(mailfiles.names(self.box.folder("inbox")))
+        if not inbox:
+            return []
         read = set(mailfiles.names(self.box.folder("read"), suffix=""))
-        return sorted(i for i in mailfiles.names(self.box.folder("inbox")) if i not in read)
+        return sorted(i for i in inbox if i not in read)
 
     # -- views ---------------------------------------------------------------------------
 
