@@ -13,20 +13,23 @@ content names its ``code``.
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import AsyncGenerator
 from contextlib import asynccontextmanager
-from typing import Annotated, Any, cast
+from typing import Annotated, Any, Literal, cast
 
 import anyio
 import anyio.to_thread
 from mcp.server.mcpserver import Context
 from mcp.server.subscriptions import ResourceUpdated, SubscriptionBus
 from mcp.types import CallToolResult, TextContent
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 from agent.domain.internal_mail import MailError
 from agent.services.internal_mail import InternalMail, MailResult, deliver_due
 from agent.services.internal_mail.folders import Folders
+
+logger = logging.getLogger(__name__)
 
 UNREAD_URI = "outloop://internal-mail/unread"
 HEARTBEAT_EVERY_SECONDS = 30.0
@@ -86,12 +89,24 @@ class MailAnswer(BaseModel):
     status: str
 
 
+ActionName = Literal[
+    "send", "check", "read", "dismiss", "reply", "reply_all", "search", "archive", "delete",
+    "contacts", "add_contact", "remove_contact", "edit_contact", "settings", "manual",
+]  # fmt: skip
+
+
 async def internal_mail_tool(
-    action: str,
-    input: dict[str, Any],
-    reasoning: str,
+    action: Annotated[ActionName, Field(description="What to do (see the tool description).")],
+    input: Annotated[
+        dict[str, Any],
+        Field(description="The action's own fields only ({} when it has none)."),
+    ],
+    reasoning: Annotated[str, Field(description="Why you make this call, in a sentence.")],
     ctx: Context,
-    summarize: bool | None = None,
+    summarize: Annotated[
+        bool | None,
+        Field(description="check, search, read: the gist only (no ids, addresses, bodies)."),
+    ] = None,
 ) -> Annotated[CallToolResult, MailAnswer]:
     """Internal mail (see the tool description and the manual action)."""
     raw: dict[str, Any] = {"action": action, "input": input, "reasoning": reasoning}
@@ -106,6 +121,10 @@ def unread_text(mail: InternalMail) -> str:
     config = mail.network.config()
     block = Folders(mail.box).unread_block(config.settings.unread_max_entries)
     return json.dumps(block, ensure_ascii=False, indent=2)
+
+
+def refresh_mirror(mail: InternalMail) -> None:
+    Folders(mail.box).refresh_mirror(mail.network.clock.now().isoformat())
 
 
 def inbox_signature(mail: InternalMail) -> tuple[int, ...]:
@@ -143,14 +162,19 @@ async def _keep_session(
             last_beat = anyio.current_time()
         await anyio.to_thread.run_sync(_deliver_quietly, mail)
         now = await anyio.to_thread.run_sync(inbox_signature, mail)
-        if now != seen:
+        if now != seen:  # new mail: the mirror file and the resource's listeners learn it
+            await anyio.to_thread.run_sync(refresh_mirror, mail)
             await bus.publish(ResourceUpdated(uri=UNREAD_URI))
         seen = now
         await anyio.sleep(poll_seconds)
 
 
 def _deliver_quietly(mail: InternalMail) -> None:
+    """One courier pass; a failure is logged and the session stays up (broken settings are
+    reported by every call; anything else is retried on the next pass)."""
     try:
         deliver_due(mail.network)
     except MailError:
-        return  # the settings are broken: every call says so; the session stays up
+        return
+    except Exception:
+        logger.exception("internal mail: a courier pass failed; the next pass tries again")

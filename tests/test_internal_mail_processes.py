@@ -16,6 +16,7 @@ from pathlib import Path
 from agent.domain.internal_mail import StoredMail
 from agent.services.internal_mail import MailNetwork, deliver_due
 from agent.testing import FrozenClock
+from agent.testing.clocks import UtcClock
 from bench import mail as bench_mail
 from tests.conftest import wait_for
 
@@ -69,17 +70,45 @@ def test_a_sender_killed_mid_write_leaves_no_partial_message_and_sends_nothing(
     network = MailNetwork.of_data_dir(tmp_path, FrozenClock())
     hub = network.register("hub", "operator", "Hub")
     network.set_presence(hub, True)
+    triage = network.register("triage", "agent", "Triage")  # the kill hits the message
     killed = outloop(
         tmp_path, "send", "--as", "triage", "hub", "-m", "half of me", crash="mail_mid_write"
     )
     assert killed.returncode == -signal.SIGKILL
-    triage = network.box("triage")
+    [partial] = list(triage.folder("claimed").iterdir())  # the half-written claim
+    assert partial.stat().st_size > 0
     for folder in ("sent", "inbox", "archive"):
         assert visible_messages(triage.folder(folder)) == []
     assert visible_messages(hub.folder("inbox")) == []
     assert deliver_due(network) == 0  # the unfinished write is recognised and dropped
     assert list(triage.folder("claimed").iterdir()) == []
     assert visible_messages(hub.folder("inbox")) == []
+
+
+def test_a_sender_killed_before_delivering_to_two_recipients_reaches_both_once(
+    tmp_path: Path,
+) -> None:
+    network = MailNetwork.of_data_dir(tmp_path, UtcClock())  # the sender's clock is real
+    for name in ("hub", "desk"):
+        network.set_presence(network.register(name, "operator", name.title()), True)
+    killed = outloop(
+        tmp_path,
+        "send",
+        "--as",
+        "triage",
+        "hub",
+        "desk",
+        "-m",
+        "to both",
+        crash="mail_after_sender_state",
+    )
+    assert killed.returncode == -signal.SIGKILL
+    assert deliver_due(network) == 2
+    assert deliver_due(network) == 0
+    for name in ("hub", "desk"):
+        assert [m.message for m in visible_messages(network.box(name).folder("inbox"))] == [
+            "to both"
+        ]
 
 
 def test_a_sender_killed_after_writing_its_side_is_delivered_once_by_the_next_pass(
@@ -111,9 +140,8 @@ def test_senders_killed_at_random_moments_leave_only_whole_messages_each_deliver
     workers.start("product", 0, 400)
     rng = random.Random(23)
     victims = procs[:2]
-    wait_for(lambda: len(list(inbox.iterdir())) >= 100, "the senders deliver their first mail")
-    for victim in victims:
-        wait_for(lambda: len(list(inbox.iterdir())) >= rng.randint(100, 600), "more mail arrives")
+    for victim, threshold in zip(victims, sorted(rng.sample(range(100, 600), 2)), strict=True):
+        wait_for(lambda t=threshold: len(list(inbox.iterdir())) >= t, "more mail arrives")
         victim.send_signal(signal.SIGKILL)
     codes = workers.close(expect_killed=2)
     assert codes[:2] == [-signal.SIGKILL] * 2

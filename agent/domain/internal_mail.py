@@ -41,6 +41,8 @@ Kind = Literal["agent", "operator", "pseudo"]
 
 SEGMENT = r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}"
 PEER_ADDRESS = re.compile(rf"^{SEGMENT}(?:/{SEGMENT}){{0,7}}$")
+RESERVED = frozenset({".", "..", "mailbox"})
+"""Path parts no address may have (``mailbox`` is a mailbox's store)."""
 LOCAL_ID = re.compile(r"^[0-9]{8}T[0-9]{12}-[0-9a-f]{12}$")
 
 
@@ -246,7 +248,26 @@ def parse_call(raw: Mapping[str, Any]) -> Call:
         parsed = ACTIONS[action].model_validate(present)
     except ValidationError as exc:
         raise invalid(f"{action}: {_first_problem(exc)}") from None
+    _check_values(parsed)
     return Call(action=action, input=parsed, reasoning=reasoning, summarize=bool(summarize))
+
+
+def _check_values(parsed: _Input) -> None:
+    """The checks of addresses and ids that need no file, so a call they refuse has read
+    and written nothing."""
+    if isinstance(parsed, SendInput):
+        to = [parsed.address] if isinstance(parsed.address, str) else parsed.address
+        for address in [*to, *(parsed.cc or [])]:
+            checked_address(address, parsed.mode or "peer")
+    elif isinstance(parsed, IdsInput | ReplyInput):
+        checked_ids(parsed.email_id)
+    elif isinstance(parsed, AddContactInput | AddressInput | EditContactInput):
+        contact_address(parsed.address)
+
+
+def contact_address(address: str) -> str:
+    """A contact is a peer address or an absolute mailbox path."""
+    return checked_address(address, "abs" if address.startswith("/") else "peer")
 
 
 def _first_problem(exc: ValidationError) -> str:
@@ -271,10 +292,10 @@ def checked_address(address: str, mode: Mode) -> str:
         if not address.startswith("/") or "/../" in address + "/" or "\x00" in address:
             raise invalid(f"{address!r}: mode abs takes an absolute path to a mailbox")
         return address.rstrip("/") or "/"
-    if not PEER_ADDRESS.match(address) or any(s in {".", ".."} for s in address.split("/")):
+    if not PEER_ADDRESS.match(address) or any(s in RESERVED for s in address.split("/")):
         raise invalid(
             f"{address!r} is not a peer address: a bare name or path of names "
-            "(letters, digits, '.', '_', '-'), no leading '/'"
+            "(letters, digits, '.', '_', '-'; not 'mailbox'), no leading '/'"
         )
     return address
 
@@ -383,9 +404,6 @@ class MailSettings(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
 
-    body_char_limit: int = Field(
-        default=BODY_CHAR_LIMIT, ge=1, le=BODY_CHAR_LIMIT, alias="send.body_char_limit"
-    )
     duplicate_free_passes: int = Field(
         default=DUPLICATE_FREE_PASSES, ge=1, le=1000, alias="send.duplicate_free_passes"
     )
@@ -423,12 +441,6 @@ class NetworkConfig(BaseModel):
 
 SETTING_ROWS: tuple[tuple[str, str, bool, str], ...] = (
     (
-        "send.body_char_limit",
-        "body_char_limit",
-        False,
-        "Send body character limit: the most characters a send or reply body may have.",
-    ),
-    (
         "send.duplicate_free_passes",
         "duplicate_free_passes",
         True,
@@ -453,6 +465,15 @@ def settings_rows(config: NetworkConfig) -> list[dict[str, Any]]:
     """Every row with exactly key, current, default, configurable, comment."""
     defaults = MailSettings()
     rows: list[dict[str, Any]] = [
+        {
+            "key": "send.body_char_limit",
+            "current": BODY_CHAR_LIMIT,
+            "default": BODY_CHAR_LIMIT,
+            "configurable": False,
+            "comment": "Send body character limit: the installed cap of a send or reply body.",
+        }
+    ]
+    rows += [
         {
             "key": key,
             "current": getattr(config.settings, attr),

@@ -435,6 +435,8 @@ def watch_command(poll: float, acting_as: str | None, data_dir: Path | None) -> 
 def _print_new(mail: InternalMail, shown: set[str]) -> set[str]:
     folders = Folders(mail.box)
     unread = folders.unread_ids()
+    if set(unread) != shown:
+        folders.refresh_mirror(mail.network.clock.now().isoformat())
     for email_id in unread:
         if email_id in shown:
             continue

@@ -4,6 +4,7 @@ unread resource and its update events, and one session over a real stdio process
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 from collections.abc import AsyncIterator
@@ -17,6 +18,7 @@ from mcp import Client
 from mcp.client.stdio import StdioServerParameters, stdio_client
 from mcp.types import CallToolResult, TextResourceContents
 
+from agent.domain.internal_mail import ACTIONS
 from mcp_server.composition import DATA_DIR_ENV, read_settings
 from mcp_server.mail import UNREAD_URI
 from mcp_server.server import build_server
@@ -191,6 +193,8 @@ async def test_the_unread_resource_shows_the_lane_and_is_updated_when_mail_arriv
                 async for event in events:
                     if getattr(event, "uri", None) == UNREAD_URI:
                         break
+        mirror = world.data_dir / "mail" / "agent" / ".notification" / "email.json"
+        assert json.loads(mirror.read_text())["unread"] == 1  # rewritten as the mail arrived
         contents = (await client.read_resource(UNREAD_URI)).contents
         text = next(c.text for c in contents if isinstance(c, TextResourceContents))
         assert '"news"' in text
@@ -208,3 +212,14 @@ async def test_the_tool_works_over_a_real_stdio_server_process(world: MailWorld)
         assert code(await mail(client, "read", email_id=["nope"])) == "NOT_FOUND"
     heartbeat = world.data_dir / "mail" / "agents" / "stdio" / "heartbeat.json"
     assert not heartbeat.exists()  # the session's heartbeat goes when the server stops
+
+
+async def test_the_tool_schema_offers_every_action_and_requires_the_envelope(
+    world: MailWorld,
+) -> None:
+    async with server(world) as client:
+        [tool] = [t for t in (await client.list_tools()).tools if t.name == "internal_mail"]
+    schema = tool.input_schema
+    assert set(schema["properties"]["action"]["enum"]) == set(ACTIONS)
+    assert set(schema["required"]) == {"action", "input", "reasoning"}
+    assert schema["additionalProperties"] is False

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -757,3 +758,112 @@ def test_cleanup_removes_leftovers_but_never_mail(world: MailWorld, tmp_path: Pa
     assert report["removed"] == 2
     assert inbox_ids(noa) == [keep]
     assert (noa.box.folder("attachments") / keep).is_dir()
+
+
+# -- failures a delivery meets, and several callers at once -------------------------------------
+
+
+def test_an_attachment_removed_before_a_delayed_delivery_bounces_naming_it(
+    world: MailWorld, tmp_path: Path
+) -> None:
+    report = tmp_path / "report.pdf"
+    report.write_bytes(b"%PDF-1.7")
+    triage = world.box("triage")
+    noa = world.box("ops/noa", "operator")
+    world.network.set_presence(noa.box, True)
+    call(triage, "send", address="ops/noa", message="see file", attachments=[str(report)], delay=60)
+    report.unlink()
+    world.clock.advance(seconds=61)
+    assert deliver_due(world.network) == 0
+    world.network.beat(triage.box, "t")
+    [bounce] = call(triage, "check").events
+    assert "report.pdf" in bounce["reason"] and str(tmp_path) not in bounce["reason"]
+    assert list(triage.box.folder("outbox").glob("*.json")) == []
+    assert list(triage.box.folder("claimed").iterdir()) == []
+
+
+def test_a_heartbeat_without_a_timezone_or_from_the_future_counts_as_stale(
+    world: MailWorld,
+) -> None:
+    triage = world.box("triage")
+    helper = world.box("helper")
+    (helper.box.root / "heartbeat.json").write_text('{"at": "2026-11-30T09:00:00"}')
+    [naive] = call(triage, "send", address="helper", message="a").events
+    assert "heartbeat" in naive["reason"]
+    (helper.box.root / "heartbeat.json").write_text('{"at": "2027-01-01T00:00:00+00:00"}')
+    [future] = call(triage, "send", address="helper", message="b").events
+    assert "heartbeat" in future["reason"]
+
+
+def test_one_tool_called_from_many_threads_delivers_each_message_once(world: MailWorld) -> None:
+    triage = world.box("triage")
+    noa = world.box("ops/noa", "operator")
+
+    def sender(n: int) -> None:
+        for k in range(25):
+            call(triage, "send", address="ops/noa", message=f"thread {n} message {k}")
+            call(triage, "check")
+
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        list(pool.map(sender, range(8)))
+    bodies = [m.message for m in (noa.folders.load("inbox", i) for i in inbox_all(noa)) if m]
+    assert sorted(bodies) == sorted(f"thread {n} message {k}" for n in range(8) for k in range(25))
+
+
+def inbox_all(mail: Any) -> list[str]:
+    return mail.folders.ids("inbox")
+
+
+def test_a_subscription_copies_only_the_senders_it_names(world: MailWorld) -> None:
+    world.configure(pseudo_agent_subscriptions=[{"subscriber": "audit", "senders": ["billing"]}])
+    audit = world.box("audit", "pseudo", alive=False)
+    world.box("ops/noa", "operator")
+    call(world.box("triage"), "send", address="ops/noa", message="not copied")
+    call(world.box("billing"), "send", address="ops/noa", message="copied")
+    assert [e["preview"] for e in call(audit, "check").payload["emails"]] == ["copied"]
+
+
+def test_edit_contact_needs_a_name_or_a_note(world: MailWorld) -> None:
+    noa = world.box("ops/noa", "operator")
+    call(noa, "add_contact", address="triage", name="Triage")
+    raw = {"action": "edit_contact", "input": {"address": "triage"}, "reasoning": "r"}
+    assert refused(noa, raw).code == "INVALID_INPUT"
+
+
+def test_only_the_body_limit_is_fixed_among_the_settings(world: MailWorld) -> None:
+    rows = call(world.box("triage"), "settings").payload["settings"]
+    assert [r["configurable"] for r in rows] == [False, True, True, True, True]
+    world.configure(settings={"send.body_char_limit": 10})
+    raw = {"action": "settings", "input": {}, "reasoning": "r"}
+    error = refused(world.box("triage"), raw)
+    assert error.code == "SETTINGS_UNAVAILABLE" and "send.body_char_limit" in str(error)
+
+
+def test_an_address_reaching_into_a_mailbox_store_is_refused(world: MailWorld) -> None:
+    triage = world.box("triage")
+    raw = {
+        "action": "send",
+        "input": {"address": "ops/mailbox/inbox", "message": "x"},
+        "reasoning": "r",
+    }
+    assert refused(triage, raw).code == "INVALID_INPUT"
+
+
+def test_the_spill_file_goes_once_the_unread_mail_fits_the_lane(world: MailWorld) -> None:
+    world.configure(settings={"unread.max_entries": 1})
+    triage = world.box("triage")
+    noa = world.box("ops/noa", "operator")
+    call(triage, "send", address="ops/noa", message="one")
+    call(triage, "send", address="ops/noa", message="two")
+    spill = Path(lane(call(noa, "check"))["overflow"]["spill"])
+    assert spill.is_file()
+    call(noa, "dismiss", email_id=inbox_ids(noa)[:1])
+    assert not spill.exists()
+
+
+def test_a_refused_input_creates_no_mailbox(tmp_path: Path) -> None:
+    world = MailWorld(tmp_path / "fresh")
+    mail = InternalMail(world.network, Identity("newcomer"))
+    raw = {"action": "send", "input": {"address": "a@b.test", "message": "x"}, "reasoning": "r"}
+    assert refused(mail, raw).code == "INVALID_INPUT"
+    assert not world.data_dir.exists()

@@ -111,16 +111,15 @@ def post(
     due = stamp(record.deliver_at or record.sent_at)
     immediate = record.deliver_at is None
     entries = [Entry(due, sent_id, r) for r in outgoing.recipients]
-    first = _claim_path(sender, entries[0])
-    outbox = sender.folder("outbox")
-    claims = [(e, _claim_path(sender, e) if immediate else outbox / e.name) for e in entries[1:]]
-    claims.insert(0, (entries[0], first if immediate else outbox / entries[0].name))
+    claims = [(e, _claim_path(sender, e)) for e in entries]
+    first = claims[0][1]
     mailfiles.write_new(first, _bytes(record))  # a claim with no sent copy is never sent
+    for _, claim in claims[1:]:
+        mailfiles.link_new(first, claim)  # every recipient's claim before the sent copy
     mailfiles.link_new(first, sent)  # the sender's side exists from here on
-    for _, target in claims[1:]:
-        mailfiles.link_new(sent, target)
-    if not immediate:
-        first.rename(claims[0][1])
+    if not immediate:  # each waits in the outbox until it is due
+        for entry, claim in claims:
+            claim.rename(sender.folder("outbox") / entry.name)
     crashpoints.hit("mail_after_sender_state")
     if immediate:
         for entry, claim in claims:
@@ -146,8 +145,40 @@ def deliver(
     fresh: StoredMail | None = None,
 ) -> bool:
     """Deliver one entry (``source`` holds the message; ``fresh``, the message itself when
-    it was written just now, so no copy of it can exist yet). False when it bounced."""
-    record = fresh or StoredMail.model_validate_json(source.read_bytes())
+    it was written just now, so no copy of it can exist yet). False when it bounced: a
+    delivery that cannot be made is a bounce, never an error that leaves it hanging."""
+    try:
+        record = fresh or StoredMail.model_validate_json(source.read_bytes())
+    except (OSError, ValueError):
+        return False  # not a message this tool wrote: nothing to deliver or bounce about
+    try:
+        return _deliver(network, config, owner, entry, source, record, fresh is not None)
+    except OSError as exc:
+        return _bounce(network, owner, entry, record, _unwritable(exc, record))
+
+
+def _unwritable(exc: OSError, record: StoredMail) -> str:
+    attached = {a.path: a.name for a in record.attachments if a.path}
+    if str(exc.filename) in attached:
+        return (
+            f"the attachment {attached[str(exc.filename)]} could not be read when it was "
+            "delivered (moved or removed since the send): send it again with the file"
+        )
+    return (
+        f"it could not be written to its mailbox ({exc.strerror or type(exc).__name__}): "
+        "an operator checks that mailbox's folder"
+    )
+
+
+def _deliver(
+    network: MailNetwork,
+    config: NetworkConfig,
+    owner: MailboxDir,
+    entry: Entry,
+    source: Path,
+    record: StoredMail,
+    fresh: bool,
+) -> bool:
     recipient = entry.recipient
     try:
         box = network.box(recipient.address, recipient.mode)
@@ -157,8 +188,8 @@ def deliver(
     reason = None if own else _refusal(network, config, box, recipient)
     if reason is not None:
         return _bounce(network, owner, entry, record, reason)
-    copy_id = local_id(record.sent_at, record.uid, str(box.root))
-    if fresh is None and delivered_before(box, copy_id):
+    copy_id = local_id(record.sent_at, record.uid, _copy_key(box))
+    if not fresh and delivered_before(box, copy_id):
         return True
     inbox = box.folder("inbox") / f"{copy_id}.json"
     if record.attachments and not own:
@@ -167,6 +198,12 @@ def deliver(
     else:
         _link_or_copy(source, inbox)
     return True
+
+
+def _copy_key(box: MailboxDir) -> str:
+    """What a copy's id is computed from: the same in every process, however it spells the
+    data directory (a peer's address; an absolute target's real path)."""
+    return str(box.root.resolve()) if box.address.startswith("/") else f"peer:{box.address}"
 
 
 def same_box(one: MailboxDir, other: MailboxDir) -> bool:
@@ -179,7 +216,10 @@ def _refusal(
     network: MailNetwork, config: NetworkConfig, box: MailboxDir, recipient: Recipient
 ) -> str | None:
     if not network.authorized(box, config):
-        return "this absolute target is not authorized for abs mode in this network"
+        return (
+            "this absolute target is not authorized for abs mode here: an operator adds "
+            "its path to abs_targets in the network's network.json"
+        )
     if recipient.subscription:
         return None if box.meta() is not None else "the subscriber has no valid metadata"
     return network.unreachable_reason(box)
@@ -253,15 +293,28 @@ def deliver_due(
             entry = Entry.parsed(name + ".json")
             if entry is None or entry.due > now:
                 continue
-            claim = _claim_path(owner, entry)
-            try:
-                (owner.folder("outbox") / entry.name).rename(claim)
-            except FileNotFoundError:
-                continue  # another courier took it
             config = config or network.config()
-            done += deliver(network, config, owner, entry, claim)
-            mailfiles.unlink_quietly(claim)
+            done += _deliver_claimed(network, config, owner, entry)
     return done
+
+
+def _deliver_claimed(
+    network: MailNetwork, config: NetworkConfig, owner: MailboxDir, entry: Entry
+) -> int:
+    """Claim one due entry and deliver it; an unexpected failure gives the claim back."""
+    claim = _claim_path(owner, entry)
+    waiting = owner.folder("outbox") / entry.name
+    try:
+        waiting.rename(claim)
+    except FileNotFoundError:
+        return 0  # another courier took it
+    try:
+        delivered = deliver(network, config, owner, entry, claim)
+    except BaseException:
+        claim.rename(waiting)
+        raise
+    mailfiles.unlink_quietly(claim)
+    return int(delivered)
 
 
 def recover_claims(owner: MailboxDir) -> int:

@@ -79,7 +79,14 @@ class Folders:
         mailfiles.touch_new(self.box.folder("read") / email_id)
 
     def archive(self, email_id: str) -> None:
-        Path(self.path("inbox", email_id)).rename(self.path("archive", email_id))
+        try:
+            self.path("inbox", email_id).rename(self.path("archive", email_id))
+        except FileNotFoundError:
+            raise MailError(
+                "NOT_FOUND",
+                f"message {email_id!r} left the inbox meanwhile "
+                "(another call archived or deleted it): check again",
+            ) from None
 
     def delete(self, folder: Folder, email_id: str) -> None:
         """Tombstone first, then the file: a repeated delivery finds the tombstone."""
@@ -148,8 +155,10 @@ class Folders:
         ids = self.unread_ids()
         entries = [e for e in self._full_entries(ids[:max_entries])]
         block: dict[str, Any] = {"total": len(ids), "entries": entries}
-        if len(ids) > max_entries:
-            spill = self.box.notifications / SPILL_FILE
+        spill = self.box.notifications / SPILL_FILE
+        if len(ids) <= max_entries:
+            mailfiles.unlink_quietly(spill)  # no unread body outlives its overflow
+        else:
             every = {"producer": PRODUCER, "total": len(ids), "entries": self._full_entries(ids)}
             mailfiles.write_atomic(spill, mailfiles.dump(every))
             block["overflow"] = {
@@ -180,8 +189,12 @@ class Folders:
         events: list[dict[str, Any]] = []
         folder = self.box.folder("events")
         for name in sorted(mailfiles.names(folder)):
-            event = mailfiles.read_json(folder / f"{name}.json")
+            seen = folder / "seen" / f"{name}.json"
+            try:
+                (folder / f"{name}.json").rename(seen)  # taken by this call, or by another
+            except FileNotFoundError:
+                continue
+            event = mailfiles.read_json(seen)
             if isinstance(event, dict):
                 events.append(event)  # pyright: ignore[reportUnknownArgumentType]
-            (folder / f"{name}.json").replace(folder / "seen" / f"{name}.json")
         return events

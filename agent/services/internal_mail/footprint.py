@@ -1,7 +1,8 @@
 """What a mailbox keeps on disk, and the one cleanup that needs no consent: removing what
-is nobody's only copy (temporary files of crashed writers, attachment copies whose message
-was deleted, read markers of deleted messages). Mail itself goes only by ``delete``, one
-message at a time, by its owner: the only copy of a decision is never removed in bulk."""
+is nobody's only copy (temporary files of crashed writers anywhere in the mailbox's folder,
+and the attachment copies and read markers of messages that were deleted, the ones with a
+tombstone). Mail itself goes only by ``delete``, one message at a time, by its owner: the
+only copy of a decision is never removed in bulk."""
 
 from __future__ import annotations
 
@@ -33,13 +34,10 @@ def footprint(box: MailboxDir) -> dict[str, Any]:
 
 
 def _removable(box: MailboxDir) -> list[Path]:
-    found = [t for name in FOLDERS for t in mailfiles.stale_temporaries(box.folder(name))]
-    found += list(mailfiles.stale_temporaries(box.store))
-    kept = set(mailfiles.names(box.folder("inbox"))) | set(mailfiles.names(box.folder("archive")))
-    attachments = box.folder("attachments")
-    found += [attachments / i for i in mailfiles.names(attachments, suffix="") if i not in kept]
-    read = box.folder("read")
-    found += [read / i for i in mailfiles.names(read, suffix="") if i not in kept]
+    found = [t for base, _, _ in os.walk(box.root) for t in mailfiles.stale_temporaries(Path(base))]
+    deleted = set(mailfiles.names(box.folder("deleted"), suffix=""))
+    for folder in (box.folder("attachments"), box.folder("read")):
+        found += [folder / i for i in mailfiles.names(folder, suffix="") if i in deleted]
     return found
 
 

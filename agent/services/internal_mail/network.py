@@ -54,9 +54,10 @@ def _stamp_of(key: str) -> Callable[[Any], datetime | None]:
     def parse(data: Any) -> datetime | None:
         value = cast(Any, data.get(key) if isinstance(data, dict) else None)  # pyright: ignore[reportUnknownMemberType]
         try:
-            return datetime.fromisoformat(value) if isinstance(value, str) else None
+            moment = datetime.fromisoformat(value) if isinstance(value, str) else None
         except ValueError:
             return None
+        return moment if moment is not None and moment.tzinfo is not None else None
 
     return parse
 
@@ -130,8 +131,8 @@ class MailNetwork:
         except (ValueError, ValidationError, OSError) as exc:
             raise MailError(
                 "SETTINGS_UNAVAILABLE",
-                f"the internal mail settings cannot be read ({type(exc).__name__}): an "
-                f"operator fixes {CONFIG_FILE} in the mail folder; nothing was done",
+                f"the internal mail settings cannot be read ({_problem(exc)}): an operator "
+                f"fixes {CONFIG_FILE} in the mail folder; nothing was done",
             ) from None
 
     def box(self, address: str, mode: Mode = "peer") -> MailboxDir:
@@ -193,13 +194,18 @@ class MailNetwork:
         if meta.kind == "operator" and self._present(box):
             return None
         if not self._fresh(box):
-            return "its heartbeat is stale or missing: no session of it is running"
+            return (
+                "its heartbeat is stale or missing: no session of it is running. Try again "
+                "once it runs, or reach whoever acts for it (say in that mail why)"
+            )
         return None
 
     def _fresh(self, box: MailboxDir) -> bool:
+        """A heartbeat at most HEARTBEAT_FRESH_SECONDS old (one from further in the future
+        than that, a clock gone wrong, counts as stale too)."""
         at = _stamp(box.file("heartbeat.json"), _HEARTBEAT_AT)
         limit = timedelta(seconds=HEARTBEAT_FRESH_SECONDS)
-        return at is not None and self.clock.now() - at <= limit
+        return at is not None and abs(self.clock.now() - at) <= limit
 
     def _present(self, box: MailboxDir) -> bool:
         return _stamp(box.file("presence.json"), _PRESENT_SINCE) is not None
@@ -229,6 +235,14 @@ def _stamp(path: Path, parse: Callable[[Any], datetime | None]) -> datetime | No
         return cast(datetime | None, mailfiles.parsed(path, parse))
     except (ValueError, OSError):
         return None
+
+
+def _problem(exc: Exception) -> str:
+    if isinstance(exc, ValidationError):
+        error = exc.errors()[0]
+        where = ".".join(str(p) for p in error["loc"]) or "the file"
+        return f"{where}: {error['msg']}"
+    return f"{type(exc).__name__}: {exc}" if isinstance(exc, ValueError) else type(exc).__name__
 
 
 def _config_of(data: Any) -> NetworkConfig:

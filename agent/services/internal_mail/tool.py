@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from agent.domain.internal_mail import (
+    BODY_CHAR_LIMIT,
     SUMMARIZED,
     AddContactInput,
     AddressInput,
@@ -32,6 +33,7 @@ from agent.domain.internal_mail import (
     StoredMail,
     body_digest,
     checked_address,
+    contact_address,
     guard_allows,
     invalid,
     matches,
@@ -203,7 +205,7 @@ class InternalMail:
         config, meta = context.config, context.meta
         if meta.kind == "pseudo":
             raise MailError("NOT_PERMITTED", "a read-only subscriber mailbox cannot send")
-        limit = config.settings.body_char_limit
+        limit = BODY_CHAR_LIMIT
         if len(message) > limit:
             raise MailError(
                 "BODY_TOO_LONG",
@@ -281,7 +283,11 @@ class InternalMail:
         [(folder, email_id)] = self.folders.locate(inp.email_id, ("inbox", "archive"))
         original = self.folders.load(folder, email_id)
         if original is None:
-            raise MailError("NOT_FOUND", f"message {email_id!r} cannot be read")
+            raise MailError(
+                "NOT_FOUND",
+                f"message {email_id!r} cannot be read (moved meanwhile, "
+                "or not a message this tool wrote): check, then reply to another id",
+            )
         mode = original.mode
         me = {self._own_address(mode), self.box.address}
         cc = [a for a in original.to + original.cc if a not in me] if everyone else []
@@ -384,7 +390,7 @@ class InternalMail:
         return {"status": "ok", "contacts": rows}
 
     def _add_contact(self, inp: AddContactInput) -> dict[str, Any]:
-        address = _contact_address(inp.address)
+        address = contact_address(inp.address)
         with mailfiles.locked(self.box.folder(".lock")):
             book = self._contact_book()
             book[address] = {"name": inp.name, "note": inp.note or ""}
@@ -415,18 +421,18 @@ class InternalMail:
         return self.network.clock.now().isoformat()
 
 
-def _contact_address(address: str) -> str:
-    return checked_address(address, "abs" if address.startswith("/") else "peer")
-
-
 def _attachments(paths: list[str]) -> tuple[list[AttachmentRef], dict[str, Path]]:
     """Each attached file, checked to exist before anything is written."""
     refs: list[AttachmentRef] = []
     files: dict[str, Path] = {}
     for text in paths:
         path = Path(text).expanduser().resolve()
-        if not path.is_file():
-            raise MailError("NOT_FOUND", f"attachment {text!r} is not a readable file")
+        if not path.is_file() or not os.access(path, os.R_OK):
+            raise MailError(
+                "NOT_FOUND",
+                f"attachment {text!r} is not a readable file: give "
+                "the path of a file you may share",
+            )
         name = _unique(path.name, files)
         files[name] = path
         refs.append(AttachmentRef(name=name, size=path.stat().st_size, path=str(path)))
