@@ -85,8 +85,8 @@ from tests.browser_adapters.outlook_mock import APP, SECRET, WebClock
 from tests.conftest import REPORTED, session_mock
 
 WS = "ws-api-exactly-once"
-SENDS = 500  # per provider API: 1,000 over the two adapters
-MCP_SENDS = 300  # through the provider MCP server of a Microsoft mailbox
+SENDS = 300  # per provider API: 600 over the two adapters
+MCP_SENDS = 200  # through the provider MCP server of a Microsoft mailbox
 MCP_ENDPOINT = "/mcp/ms365/mcp"
 DROPPED = 0.3  # of the sends, whose answer is lost after the provider stored them
 LATENCY_S = 60  # the adapters' declared sent-copy latency
@@ -101,8 +101,8 @@ ENDPOINTS = {
 REWRITES = {"google": {"rewrite_message_id": True}, "microsoft": {"strip_x_headers": True}}
 _runs = itertools.count(1)
 
-BROWSER_SENDS = 50  # replies through Outlook on the web, the last channel of the route
-QUESTIONS = 10  # the conversations they answer in: five replies in each
+BROWSER_SENDS = 40  # replies through Outlook on the web, the last channel of the route
+QUESTIONS = 8  # the conversations they answer in: five replies in each
 BROWSER_DROPPED = 0.12  # a lost answer costs the browser a search or three of Sent Items
 BROWSER_WORKERS = 2  # each with a Chromium of its own, taking turns at the one session
 BROWSER_KILLS_FROM_OUTSIDE = 3
