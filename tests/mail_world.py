@@ -62,6 +62,11 @@ def refused(mail: InternalMail, raw: dict[str, Any]) -> MailError:
     raise AssertionError(f"the call was not refused: {raw}")
 
 
+def refused_call(mail: InternalMail, action: str, **fields: Any) -> str:
+    """The code of the refusal a call with these input fields gets."""
+    return refused(mail, {"action": action, "input": fields, "reasoning": "a test call"}).code
+
+
 def lane(result: MailResult) -> dict[str, Any]:
     assert result.meta is not None
     return result.meta["agent_meta"]["notifications"]["persistent"]["email"]

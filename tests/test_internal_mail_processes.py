@@ -14,7 +14,7 @@ from datetime import datetime, timedelta
 from pathlib import Path
 
 from agent.domain.internal_mail import StoredMail
-from agent.services.internal_mail import MailNetwork, deliver_due
+from agent.services.internal_mail import MailboxDir, MailNetwork, deliver_due
 from agent.testing import FrozenClock
 from agent.testing.clocks import UtcClock
 from bench import mail as bench_mail
@@ -36,6 +36,13 @@ def outloop(
         timeout=120,
         check=False,
     )
+
+
+def present_operator(network: MailNetwork, address: str) -> MailboxDir:
+    """An operator's mailbox, marked reachable."""
+    box = network.register(address, "operator", address.title())
+    network.set_presence(box, True)
+    return box
 
 
 def visible_messages(folder: Path) -> list[StoredMail]:
@@ -68,8 +75,7 @@ def test_a_sender_killed_mid_write_leaves_no_partial_message_and_sends_nothing(
     tmp_path: Path,
 ) -> None:
     network = MailNetwork.of_data_dir(tmp_path, FrozenClock())
-    hub = network.register("hub", "operator", "Hub")
-    network.set_presence(hub, True)
+    hub = present_operator(network, "hub")
     triage = network.register("triage", "agent", "Triage")  # the kill hits the message
     killed = outloop(
         tmp_path, "send", "--as", "triage", "hub", "-m", "half of me", crash="mail_mid_write"
@@ -90,7 +96,7 @@ def test_a_sender_killed_before_delivering_to_two_recipients_reaches_both_once(
 ) -> None:
     network = MailNetwork.of_data_dir(tmp_path, UtcClock())  # the sender's clock is real
     for name in ("hub", "desk"):
-        network.set_presence(network.register(name, "operator", name.title()), True)
+        present_operator(network, name)
     killed = outloop(
         tmp_path,
         "send",
@@ -115,8 +121,7 @@ def test_a_sender_killed_after_writing_its_side_is_delivered_once_by_the_next_pa
     tmp_path: Path,
 ) -> None:
     network = MailNetwork.of_data_dir(tmp_path, FrozenClock())
-    hub = network.register("hub", "operator", "Hub")
-    network.set_presence(hub, True)
+    hub = present_operator(network, "hub")
     killed = outloop(
         tmp_path, "send", "--as", "triage", "hub", "-m", "handoff", crash="mail_after_sender_state"
     )

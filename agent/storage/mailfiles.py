@@ -117,16 +117,21 @@ def dump(value: Any) -> bytes:
     return json.dumps(value, ensure_ascii=False, sort_keys=True, separators=(",", ":")).encode()
 
 
-def names(folder: Path, suffix: str = ".json") -> Iterator[str]:
-    """The visible file names in ``folder`` ending in ``suffix``, without it."""
+def _entries(folder: Path) -> Iterator[os.DirEntry[str]]:
+    """What ``folder`` holds (nothing when there is no such folder)."""
     try:
         entries = os.scandir(folder)
     except FileNotFoundError:
         return
     with entries:
-        for entry in entries:
-            if entry.name.endswith(suffix) and not entry.name.startswith("."):
-                yield entry.name[: len(entry.name) - len(suffix)]
+        yield from entries
+
+
+def names(folder: Path, suffix: str = ".json") -> Iterator[str]:
+    """The visible file names in ``folder`` ending in ``suffix``, without it."""
+    for entry in _entries(folder):
+        if entry.name.endswith(suffix) and not entry.name.startswith("."):
+            yield entry.name[: len(entry.name) - len(suffix)]
 
 
 def unlink_quietly(path: Path) -> bool:
@@ -157,16 +162,11 @@ def rewrite(fd: int, data: bytes) -> None:
 
 def stale_temporaries(folder: Path) -> Iterator[Path]:
     """The temporary files a crashed writer left in ``folder``."""
-    try:
-        entries = os.scandir(folder)
-    except FileNotFoundError:
-        return
-    with entries:
-        for entry in entries:
-            if entry.name.startswith(TMP_PREFIX):
-                pid = entry.name[len(TMP_PREFIX) :].split("-", 1)[0]
-                if pid.isdigit() and not alive(int(pid)):
-                    yield Path(entry.path)
+    for entry in _entries(folder):
+        if entry.name.startswith(TMP_PREFIX):
+            pid = entry.name[len(TMP_PREFIX) :].split("-", 1)[0]
+            if pid.isdigit() and not alive(int(pid)):
+                yield Path(entry.path)
 
 
 def alive(pid: int) -> bool:

@@ -13,7 +13,7 @@ from agent.domain.internal_mail import ACTIONS
 from agent.services.internal_mail import Identity, InternalMail, deliver_due
 from agent.services.internal_mail.delivery import Entry, Recipient, deliver
 from agent.services.internal_mail.footprint import clean, footprint
-from tests.mail_world import MailWorld, call, inbox_ids, lane, refused, tree
+from tests.mail_world import MailWorld, call, inbox_ids, lane, refused, refused_call, tree
 
 
 @pytest.fixture
@@ -198,13 +198,7 @@ def test_the_duplicate_guard_counts_recipients_and_body_together(world: MailWorl
     world.box("b")
     call(triage, "send", address="a", message="same")
     call(triage, "send", address="b", message="same")  # another recipient: not a repeat
-    assert (
-        refused(
-            triage,
-            {"action": "send", "input": {"address": "b", "message": "same"}, "reasoning": "r"},
-        ).code
-        == "DUPLICATE_SEND"
-    )
+    assert refused_call(triage, "send", address="b", message="same") == "DUPLICATE_SEND"
 
 
 def test_a_target_with_a_stale_heartbeat_bounces(world: MailWorld) -> None:
@@ -299,13 +293,7 @@ def test_a_pseudo_subscriber_gets_a_copy_of_others_mail_but_cannot_send(
     call(triage, "send", address="triage", message="private note")
     [copy] = call(audit, "check").payload["emails"]
     assert copy["preview"] == "for the record" and copy["to"] == ["ops/noa"]
-    assert (
-        refused(
-            audit,
-            {"action": "send", "input": {"address": "triage", "message": "x"}, "reasoning": "r"},
-        ).code
-        == "NOT_PERMITTED"
-    )
+    assert refused_call(audit, "send", address="triage", message="x") == "NOT_PERMITTED"
     [direct] = call(triage, "send", address="audit", message="hi").events
     assert "read-only" in direct["reason"]
 
