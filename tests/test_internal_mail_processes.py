@@ -126,13 +126,16 @@ def test_a_sender_killed_after_writing_its_side_is_delivered_once_by_the_next_pa
         tmp_path, "send", "--as", "triage", "hub", "-m", "handoff", crash="mail_after_sender_state"
     )
     assert killed.returncode == -signal.SIGKILL
-    [sent] = visible_messages(network.box("triage").folder("sent"))
+    triage = network.box("triage")
+    [claim] = list(triage.folder("claimed").iterdir())  # the whole message, not delivered
+    sent = StoredMail.model_validate_json(claim.read_bytes())
     assert visible_messages(hub.folder("inbox")) == []
     first = outloop(tmp_path, "deliver")
     assert first.returncode == 0 and "delivered 1" in first.stdout
     assert "delivered 0" in outloop(tmp_path, "deliver").stdout
     [got] = visible_messages(hub.folder("inbox"))
     assert got.uid == sent.uid and got.message == "handoff"
+    assert [m.uid for m in visible_messages(triage.folder("sent"))] == [sent.uid]
 
 
 def test_senders_killed_at_random_moments_leave_only_whole_messages_each_delivered_once(

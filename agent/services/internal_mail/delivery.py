@@ -1,10 +1,12 @@
 """Posting and delivering internal mail.
 
-A send writes the sender's side first: the sent copy, whole and flushed, then one outbox
-entry per recipient (a hard link to the sent copy, named by when it is due and whom it is
-for). Only then is each recipient delivered, one at a time; a delivered copy is named by an
-id computed from the message and the recipient, so a delivery repeated after a crash finds
-its earlier copy (in the inbox, the archive, or deleted) and does not make a second one.
+A send writes the sender's side first: the message, whole and flushed, as one claimed
+outbox entry per recipient (hard links of one file, named by when it is due and whom it is
+for; a delayed send also links its sent copy now and leaves the entries in the outbox).
+Only then is each recipient delivered, one at a time, and the message becomes the sent
+copy. A delivered copy is named by an id computed from the message and the recipient, so a
+delivery repeated after a crash finds its earlier copy (in the inbox, the archive, or
+deleted) and does not make a second one.
 
 An entry being delivered is claimed: it moves to ``outbox/claimed`` with the claiming
 process's pid in its name. A claim whose process died goes back to the outbox, so a
@@ -113,19 +115,28 @@ def post(
     entries = [Entry(due, sent_id, r) for r in outgoing.recipients]
     claims = [(e, _claim_path(sender, e)) for e in entries]
     first = claims[0][1]
-    mailfiles.write_new(first, _bytes(record))  # a claim with no sent copy is never sent
+    mailfiles.write_new(first, _bytes(record))  # the whole message, or a claim that won't parse
     for _, claim in claims[1:]:
-        mailfiles.link_new(first, claim)  # every recipient's claim before the sent copy
-    mailfiles.link_new(first, sent)  # the sender's side exists from here on
-    if not immediate:  # each waits in the outbox until it is due
+        mailfiles.link_new(first, claim)  # every recipient's claim, written before any delivery
+    if not immediate:  # the sent copy now; each entry waits in the outbox until it is due
+        mailfiles.link_new(first, sent)
         for entry, claim in claims:
             claim.rename(sender.folder("outbox") / entry.name)
     crashpoints.hit("mail_after_sender_state")
     if immediate:
         for entry, claim in claims:
             deliver(network, config, sender, entry, claim, record)
+        first.rename(sent)  # delivered to each (or bounced): the claim becomes the sent copy
+        for _, claim in claims[1:]:
             mailfiles.unlink_quietly(claim)
     return sent_id
+
+
+def settle(owner: MailboxDir, entry: Entry, claim: Path) -> None:
+    """An entry delivered (or bounced) by a courier: its message is the sender's sent copy
+    (kept if it was one already), and the entry goes."""
+    mailfiles.link_new(claim, owner.folder("sent") / f"{entry.sent_id}.json")
+    mailfiles.unlink_quietly(claim)
 
 
 def _claim_path(owner: MailboxDir, entry: Entry) -> Path:
@@ -313,13 +324,14 @@ def _deliver_claimed(
     except BaseException:
         claim.rename(waiting)
         raise
-    mailfiles.unlink_quietly(claim)
+    settle(owner, entry, claim)
     return int(delivered)
 
 
 def recover_claims(owner: MailboxDir) -> int:
     """Put back the entries claimed by processes that died before finishing them. A claim
-    whose sent copy does not exist is a send that never finished writing: it goes."""
+    that is not a whole message is a send that never finished writing: it goes (a prefix of
+    a JSON object never parses; the message was not sent)."""
     claimed = owner.folder("claimed")
     back = 0
     for name in mailfiles.names(claimed, suffix=""):
@@ -327,7 +339,7 @@ def recover_claims(owner: MailboxDir) -> int:
         if not pid.isdigit() or mailfiles.alive(int(pid)):
             continue
         entry = Entry.parsed(entry_name)
-        if entry is None or not (owner.folder("sent") / f"{entry.sent_id}.json").exists():
+        if entry is None or not _whole(claimed / name):
             mailfiles.unlink_quietly(claimed / name)
             continue
         try:
@@ -336,6 +348,14 @@ def recover_claims(owner: MailboxDir) -> int:
         except FileNotFoundError:
             continue
     return back
+
+
+def _whole(path: Path) -> bool:
+    try:
+        StoredMail.model_validate_json(path.read_bytes())
+    except (OSError, ValueError):
+        return False
+    return True
 
 
 def next_due(boxes: list[MailboxDir]) -> datetime | None:
