@@ -206,14 +206,10 @@ def _keys(model: type[_Input]) -> frozenset[str]:
 INPUT_KEYS: dict[str, frozenset[str]] = {action: _keys(m) for action, m in ACTIONS.items()}
 
 
-def _input_keys(action: str) -> frozenset[str]:
-    return INPUT_KEYS[action]
-
-
 def _foreign_key_error(action: str, key: str) -> MailError:
-    owners = [a for a in ACTIONS if key in _input_keys(a)]
+    owners = [a for a in ACTIONS if key in INPUT_KEYS[a]]
     where = f" (it belongs to {', '.join(owners)})" if owners else ""
-    accepted = ", ".join(sorted(_input_keys(action))) or "no fields: pass {}"
+    accepted = ", ".join(sorted(INPUT_KEYS[action])) or "no fields: pass {}"
     return invalid(
         f"input field {key!r} is not an input of {action}{where}; {action} takes {accepted}"
     )

@@ -1,7 +1,7 @@
 """Internal mail between the workstation's agents and operators (the ``internal_mail``
 tool): files under ``<data dir>/mail``, addressed by path, separate from internet email."""
 
-from agent.services.internal_mail.delivery import deliver_due, next_due
+from agent.services.internal_mail.delivery import deliver_due
 from agent.services.internal_mail.network import MailboxDir, MailboxMeta, MailNetwork
 from agent.services.internal_mail.tool import Identity, InternalMail, MailResult, manual_root
 
@@ -14,5 +14,4 @@ __all__ = [
     "MailboxMeta",
     "deliver_due",
     "manual_root",
-    "next_due",
 ]

@@ -358,18 +358,5 @@ def _whole(path: Path) -> bool:
     return True
 
 
-def next_due(boxes: list[MailboxDir]) -> datetime | None:
-    """When the earliest waiting entry of these mailboxes is due."""
-    dues = [
-        entry.due
-        for owner in boxes
-        for name in mailfiles.names(owner.folder("outbox"))
-        if (entry := Entry.parsed(name + ".json")) is not None
-    ]
-    if not dues:
-        return None
-    return datetime.strptime(min(dues), STAMP).replace(tzinfo=UTC)
-
-
 def due_at(network: MailNetwork, delay: int | None) -> datetime | None:
     return network.clock.now() + timedelta(seconds=delay) if delay else None

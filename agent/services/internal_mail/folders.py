@@ -105,9 +105,7 @@ class Folders:
 
     # -- views ---------------------------------------------------------------------------
 
-    def attachment_paths(
-        self, folder: Folder, email_id: str, mail: StoredMail
-    ) -> list[dict[str, Any]]:
+    def attachment_paths(self, email_id: str, mail: StoredMail) -> list[dict[str, Any]]:
         snapshot = self.box.folder("attachments") / email_id
         return [
             {"name": a.name, "size": a.size, "path": a.path or str(snapshot / a.name)}
@@ -132,7 +130,7 @@ class Folders:
         }
         if full:
             view["message"] = mail.message
-            view["attachments"] = self.attachment_paths(folder, email_id, mail)
+            view["attachments"] = self.attachment_paths(email_id, mail)
         else:
             view["preview"] = mail.message[:PREVIEW_CHARS]
             view["attachments"] = len(mail.attachments)
