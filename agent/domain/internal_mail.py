@@ -10,6 +10,7 @@ an unknown root field, an input key of another action, a wrong type or a missing
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import math
 import re
@@ -310,7 +311,12 @@ def checked_ids(ids: list[str]) -> list[str]:
 def local_id(sent_at: datetime, uid: str, mailbox: str) -> str:
     """A message's id in one mailbox: sortable by time, different in every mailbox."""
     digest = hashlib.sha256(f"{uid}\0{mailbox}".encode()).hexdigest()[:12]
-    return f"{sent_at:%Y%m%dT%H%M%S%f}-{digest}"
+    return f"{_id_time(sent_at)}-{digest}"
+
+
+@functools.lru_cache(maxsize=64)
+def _id_time(sent_at: datetime) -> str:
+    return f"{sent_at:%Y%m%dT%H%M%S%f}"  # one send names its sent copy and each delivery
 
 
 # -- stored messages ------------------------------------------------------------------------

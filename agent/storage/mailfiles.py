@@ -12,13 +12,20 @@ import fcntl
 import json
 import os
 import secrets
+import threading
+import time
+import weakref
 from collections.abc import Callable, Generator, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeAlias
 
 from agent import crashpoints
 
 TMP_PREFIX = ".tmp-"
+
+Where: TypeAlias = str | os.PathLike[str]
+"""A file's path: a send's own files are named by plain strings (a ``Path`` per name costs
+more than the system call that uses it)."""
 
 
 def _tmp_for(path: Path) -> Path:
@@ -33,7 +40,7 @@ def write_tmp(path: Path, data: bytes) -> Path:
     return tmp
 
 
-def write_new(path: Path, data: bytes) -> None:
+def write_new(path: Where, data: bytes) -> None:
     """Create ``path`` (it must not exist) with ``data``, flushed to disk. Until this
     returns the file may be partial: only a name no reader trusts may be written so."""
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
@@ -64,7 +71,7 @@ def create_atomic(path: Path, data: bytes) -> bool:
         tmp.unlink()
 
 
-def link_new(source: Path, name: Path) -> bool:
+def link_new(source: Where, name: Where) -> bool:
     """Give ``source`` the new name ``name`` too; False when ``name`` exists already."""
     try:
         os.link(source, name)
@@ -80,6 +87,11 @@ def touch_new(path: Path) -> bool:
     except FileExistsError:
         return False
     return True
+
+
+def rename(source: Where, name: Where) -> None:
+    """Give ``source`` the name ``name`` (replacing a file of that name)."""
+    os.rename(source, name)  # noqa: PTH104 - a string path (see Where)
 
 
 def read_json(path: Path) -> Any:
@@ -134,9 +146,9 @@ def names(folder: Path, suffix: str = ".json") -> Iterator[str]:
             yield entry.name[: len(entry.name) - len(suffix)]
 
 
-def unlink_quietly(path: Path) -> bool:
+def unlink_quietly(path: Where) -> bool:
     try:
-        path.unlink()
+        os.unlink(path)  # noqa: PTH108 - a string path (see Where)
     except FileNotFoundError:
         return False
     return True
@@ -152,6 +164,83 @@ def locked(path: Path) -> Generator[int]:
         yield fd
     finally:
         os.close(fd)
+
+
+class HeldLock:
+    """An exclusive lock on a small file that stays open between uses (``locked`` opens and
+    closes it every time). Threads of one process take turns on a mutex, processes on the
+    file's lock. A file removed while it was open is opened anew; so is it in a forked child
+    (every copy of a descriptor shares its lock), which also gets a mutex of its own."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._mutex = threading.Lock()
+        self._fd: int | None = None
+        self._closer: weakref.finalize[[int], HeldLock] | None = None
+        _HELD.add(self)
+
+    @contextlib.contextmanager
+    def hold(self) -> Generator[int]:
+        """Hold the lock for the block; the block gets the descriptor (see ``rewrite``)."""
+        with self._mutex:
+            fd = self._locked()
+            try:
+                yield fd
+            finally:
+                fcntl.flock(fd, fcntl.LOCK_UN)
+
+    def _locked(self) -> int:
+        while True:
+            fd = self._open()
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            if os.fstat(fd).st_nlink > 0:
+                return fd
+            self.close()  # removed while it was held open: lock what has the name now
+
+    def _open(self) -> int:
+        if self._fd is None:
+            self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
+            self._closer = weakref.finalize(self, os.close, self._fd)
+        return self._fd
+
+    def close(self) -> None:
+        if self._closer is not None:
+            self._closer()
+        self._fd = self._closer = None
+
+    def _after_fork(self) -> None:
+        self._mutex = threading.Lock()  # the parent's may have been held by another thread
+        self.close()  # the child's copy of the descriptor; the parent's stays open
+
+
+_HELD: weakref.WeakSet[HeldLock] = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    for lock in list(_HELD):
+        lock._after_fork()  # pyright: ignore[reportPrivateUsage]
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+SETTLED_NS = 2_000_000_000
+"""How old a folder's last change must be before its time identifies its content: a file
+system's clock ticks coarsely (a second or two on some), and a change within the tick of the
+last one would keep the same time."""
+
+
+def settled(folder: Path) -> tuple[int, int, int] | None:
+    """The folder's identity and the time of its last change (an entry added, removed or
+    renamed), when that change is SETTLED_NS old or more, so any later change shows as a new
+    time; None when it is more recent (or there is no such folder): read the folder."""
+    try:
+        info = folder.stat()
+    except FileNotFoundError:
+        return None
+    if time.time_ns() - info.st_mtime_ns < SETTLED_NS:
+        return None
+    return (info.st_ino, info.st_mtime_ns, info.st_ctime_ns)
 
 
 def rewrite(fd: int, data: bytes) -> None:

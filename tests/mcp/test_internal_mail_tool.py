@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 import os
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -19,6 +19,7 @@ from mcp.client.stdio import StdioServerParameters, stdio_client
 from mcp.types import CallToolResult, TextResourceContents
 
 from agent.domain.internal_mail import ACTIONS
+from agent.services.internal_mail import delivery
 from mcp_server.composition import DATA_DIR_ENV, read_settings
 from mcp_server.mail import UNREAD_URI
 from mcp_server.server import build_server
@@ -150,6 +151,37 @@ async def test_a_delayed_self_send_is_delivered_once_by_the_next_server(world: M
     async with server(world) as client:
         result = await mail(client, "check")
         assert [e["message"] for e in unread_lane(result)["entries"]] == ["capsule"]
+
+
+async def test_the_server_keeps_delivering_after_a_courier_pass_fails_unexpectedly(
+    world: MailWorld, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    failures: list[int] = []
+
+    def broken(*_: object) -> bool:
+        failures.append(1)
+        raise RuntimeError("a fault nobody planned for")
+
+    inbox = world.data_dir / "mail" / "agent" / "mailbox" / "inbox"
+    async with server(world) as client:
+        answer(await mail(client, "send", address="agent", message="capsule", delay=600))
+        with monkeypatch.context() as fault:
+            fault.setattr(delivery, "_deliver", broken)
+            world.clock.advance(seconds=601)
+            await wait_until(lambda: len(failures) >= 2, "two failed courier passes")
+        await wait_until(lambda: any(inbox.iterdir()), "the next pass to deliver")
+        assert unread_lane(await mail(client, "check"))["total"] == 1
+    assert "a courier pass failed" in caplog.text
+
+
+async def wait_until(predicate: Callable[[], bool], what: str) -> None:
+    """Wait, within a bound, for what the server's session loop does on its own."""
+    deadline = anyio.current_time() + 30
+    while True:
+        if predicate():
+            return
+        assert anyio.current_time() < deadline, f"waited 30 s for {what}"
+        await anyio.sleep(0.02)
 
 
 async def test_settings_and_manual_answer_without_a_mailbox_lane(world: MailWorld) -> None:

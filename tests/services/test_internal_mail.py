@@ -9,11 +9,20 @@ from typing import Any
 
 import pytest
 
-from agent.domain.internal_mail import ACTIONS
-from agent.services.internal_mail import Identity, InternalMail, deliver_due
+from agent.domain.internal_mail import ACTIONS, MailError
+from agent.services.internal_mail import Identity, InternalMail, deliver_due, delivery
 from agent.services.internal_mail.delivery import Entry, Recipient, deliver
 from agent.services.internal_mail.footprint import clean, footprint
-from tests.mail_world import MailWorld, call, inbox_ids, lane, refused, refused_call, tree
+from tests.mail_world import (
+    MailWorld,
+    call,
+    inbox_ids,
+    lane,
+    refused,
+    refused_call,
+    settle,
+    tree,
+)
 
 
 @pytest.fixture
@@ -191,6 +200,38 @@ def test_the_duplicate_guard_refuses_past_its_free_passes_and_resets_on_another_
     assert call(world.box("ops/noa", "operator"), "check").payload["total"] == 4
 
 
+def test_the_duplicate_guard_counts_identical_sends_from_many_threads_exactly(
+    world: MailWorld,
+) -> None:
+    triage = world.box("triage")
+    world.box("ops/noa", "operator")
+    same = {"action": "send", "input": {"address": "ops/noa", "message": "ping"}, "reasoning": "r"}
+
+    def attempt(_: int) -> str:
+        try:
+            triage.call(same)
+        except MailError as exc:
+            return exc.code
+        return "sent"
+
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        outcomes = list(pool.map(attempt, range(16)))
+    assert sorted(outcomes) == ["DUPLICATE_SEND"] * 14 + ["sent"] * 2
+
+
+def test_the_duplicate_guard_holds_when_its_file_is_replaced_between_sends(
+    world: MailWorld,
+) -> None:
+    one = world.box("triage")
+    world.box("ops/noa", "operator")
+    call(one, "send", address="ops/noa", message="ping")
+    (one.box.store / ".guard").unlink()  # the file the first session holds open goes
+    two = InternalMail(world.network, Identity("triage"))
+    call(two, "send", address="ops/noa", message="ping")
+    call(one, "send", address="ops/noa", message="ping")  # counts on the new file
+    assert refused_call(two, "send", address="ops/noa", message="ping") == "DUPLICATE_SEND"
+
+
 def test_the_duplicate_guard_counts_recipients_and_body_together(world: MailWorld) -> None:
     world.configure(settings={"send.duplicate_free_passes": 1})
     triage = world.box("triage")
@@ -317,6 +358,28 @@ def test_a_delayed_self_send_is_delivered_once_when_it_is_due(world: MailWorld) 
     world.clock.advance(seconds=3599)
     assert deliver_due(world.network) == 0
     world.clock.advance(seconds=1)
+    assert deliver_due(world.network) == 1
+    assert deliver_due(world.network) == 0
+    assert [e["preview"] for e in call(triage, "check").payload["emails"]] == ["capsule"]
+
+
+def test_a_courier_failing_unexpectedly_gives_its_claim_back_for_the_next_pass(
+    world: MailWorld, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    triage = world.box("triage")
+    call(triage, "send", address="triage", message="capsule", delay=60)
+    world.clock.advance(seconds=61)
+
+    def broken(*_: object) -> bool:
+        raise RuntimeError("a fault nobody planned for")
+
+    with monkeypatch.context() as fault:
+        fault.setattr(delivery, "_deliver", broken)
+        with pytest.raises(RuntimeError):
+            deliver_due(world.network)
+    outbox = triage.box.store / "outbox"
+    assert len([p for p in outbox.iterdir() if p.is_file()]) == 1
+    assert list((outbox / "claimed").iterdir()) == []
     assert deliver_due(world.network) == 1
     assert deliver_due(world.network) == 0
     assert [e["preview"] for e in call(triage, "check").payload["emails"]] == ["capsule"]
@@ -708,6 +771,40 @@ def test_unread_mail_is_in_the_lane_in_full_up_to_the_limit_then_an_overflow_mar
     assert block["overflow"]["omitted"] == 1
     spill = json.loads(Path(block["overflow"]["spill"]).read_text())
     assert [e["message"] for e in spill["entries"]] == ["body 0", "body 1", "body 2"]
+
+
+def test_the_lane_follows_mail_and_read_marks_from_other_callers_of_a_quiet_mailbox(
+    world: MailWorld,
+) -> None:
+    triage = world.box("triage")
+    noa = world.box("ops/noa", "operator")
+    settle(noa, 60)
+    assert lane(call(noa, "contacts"))["total"] == 0
+    call(triage, "send", address="ops/noa", message="new")
+    assert [e["message"] for e in lane(call(noa, "contacts"))["entries"]] == ["new"]
+    settle(noa, 50)  # changed, then quiet again: a new time, so the lane is built anew
+    call(triage, "send", address="ops/noa", message="newer")
+    settle(noa, 40)
+    assert lane(call(noa, "contacts"))["total"] == 2
+    other_session = world.box("ops/noa", "operator")
+    call(other_session, "dismiss", email_id=inbox_ids(noa))
+    settle(noa, 30)
+    assert lane(call(noa, "contacts")) == {"total": 0, "entries": []}
+
+
+def test_a_bounce_reaches_a_quiet_mailbox_whose_events_were_found_empty(
+    world: MailWorld,
+) -> None:
+    triage = world.box("triage")
+    world.box("agents/noa")
+    call(triage, "send", address="agents/noa", message="later", delay=600)
+    settle(triage, 60)
+    assert call(triage, "contacts").events == []
+    world.clock.advance(seconds=601)  # noa's heartbeat is stale by then
+    assert deliver_due(world.network) == 0  # another session's courier bounces it
+    settle(triage, 50)
+    [bounce] = call(triage, "contacts").events
+    assert bounce["type"] == "email.bounce" and "heartbeat" in bounce["reason"]
 
 
 def test_read_dismiss_archive_and_delete_refresh_the_mirror_file(world: MailWorld) -> None:

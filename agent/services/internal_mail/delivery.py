@@ -109,7 +109,7 @@ def post(
     """Write the sender's side, then deliver what is due now. Returns the sent copy's id."""
     record = outgoing.record
     sent_id = local_id(record.sent_at, record.uid, f"sent:{sender.address}")
-    sent = sender.folder("sent") / f"{sent_id}.json"
+    sent = sender.name_in("sent", f"{sent_id}.json")
     due = stamp(record.deliver_at or record.sent_at)
     immediate = record.deliver_at is None
     entries = [Entry(due, sent_id, r) for r in outgoing.recipients]
@@ -121,26 +121,26 @@ def post(
     if not immediate:  # the sent copy now; each entry waits in the outbox until it is due
         mailfiles.link_new(first, sent)
         for entry, claim in claims:
-            claim.rename(sender.folder("outbox") / entry.name)
+            mailfiles.rename(claim, sender.name_in("outbox", entry.name))
     crashpoints.hit("mail_after_sender_state")
     if immediate:
         for entry, claim in claims:
             deliver(network, config, sender, entry, claim, record)
-        first.rename(sent)  # delivered to each (or bounced): the claim becomes the sent copy
+        mailfiles.rename(first, sent)  # delivered to each (or bounced): now the sent copy
         for _, claim in claims[1:]:
             mailfiles.unlink_quietly(claim)
     return sent_id
 
 
-def settle(owner: MailboxDir, entry: Entry, claim: Path) -> None:
+def settle(owner: MailboxDir, entry: Entry, claim: str) -> None:
     """An entry delivered (or bounced) by a courier: its message is the sender's sent copy
     (kept if it was one already), and the entry goes."""
-    mailfiles.link_new(claim, owner.folder("sent") / f"{entry.sent_id}.json")
+    mailfiles.link_new(claim, owner.name_in("sent", f"{entry.sent_id}.json"))
     mailfiles.unlink_quietly(claim)
 
 
-def _claim_path(owner: MailboxDir, entry: Entry) -> Path:
-    return owner.folder("claimed") / f"{entry.name}.{os.getpid()}"
+def _claim_path(owner: MailboxDir, entry: Entry) -> str:
+    return owner.name_in("claimed", f"{entry.name}.{os.getpid()}")
 
 
 def _bytes(record: StoredMail) -> bytes:
@@ -152,14 +152,14 @@ def deliver(
     config: NetworkConfig,
     owner: MailboxDir,
     entry: Entry,
-    source: Path,
+    source: mailfiles.Where,
     fresh: StoredMail | None = None,
 ) -> bool:
     """Deliver one entry (``source`` holds the message; ``fresh``, the message itself when
     it was written just now, so no copy of it can exist yet). False when it bounced: a
     delivery that cannot be made is a bounce, never an error that leaves it hanging."""
     try:
-        record = fresh or StoredMail.model_validate_json(source.read_bytes())
+        record = fresh or StoredMail.model_validate_json(Path(source).read_bytes())
     except (OSError, ValueError):
         return False  # not a message this tool wrote: nothing to deliver or bounce about
     try:
@@ -186,7 +186,7 @@ def _deliver(
     config: NetworkConfig,
     owner: MailboxDir,
     entry: Entry,
-    source: Path,
+    source: mailfiles.Where,
     record: StoredMail,
     fresh: bool,
 ) -> bool:
@@ -202,10 +202,10 @@ def _deliver(
     copy_id = local_id(record.sent_at, record.uid, _copy_key(box))
     if not fresh and delivered_before(box, copy_id):
         return True
-    inbox = box.folder("inbox") / f"{copy_id}.json"
+    inbox = box.name_in("inbox", f"{copy_id}.json")
     if record.attachments and not own:
         shared = _snapshot(box, copy_id, record)
-        mailfiles.create_atomic(inbox, _bytes(shared))
+        mailfiles.create_atomic(Path(inbox), _bytes(shared))
     else:
         _link_or_copy(source, inbox)
     return True
@@ -246,13 +246,13 @@ def delivered_before(box: MailboxDir, copy_id: str) -> bool:
     )
 
 
-def _link_or_copy(source: Path, name: Path) -> None:
+def _link_or_copy(source: mailfiles.Where, name: str) -> None:
     try:
         mailfiles.link_new(source, name)
     except OSError as exc:
         if exc.errno != errno.EXDEV:  # another file system (an abs target): copy instead
             raise
-        mailfiles.create_atomic(name, source.read_bytes())
+        mailfiles.create_atomic(Path(name), Path(source).read_bytes())
 
 
 def _snapshot(box: MailboxDir, copy_id: str, record: StoredMail) -> StoredMail:
@@ -314,15 +314,15 @@ def _deliver_claimed(
 ) -> int:
     """Claim one due entry and deliver it; an unexpected failure gives the claim back."""
     claim = _claim_path(owner, entry)
-    waiting = owner.folder("outbox") / entry.name
+    waiting = owner.name_in("outbox", entry.name)
     try:
-        waiting.rename(claim)
+        mailfiles.rename(waiting, claim)
     except FileNotFoundError:
         return 0  # another courier took it
     try:
         delivered = deliver(network, config, owner, entry, claim)
     except BaseException:
-        claim.rename(waiting)
+        mailfiles.rename(claim, waiting)
         raise
     settle(owner, entry, claim)
     return int(delivered)

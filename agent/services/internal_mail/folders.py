@@ -38,6 +38,8 @@ class Folders:
 
     def __init__(self, box: MailboxDir) -> None:
         self.box = box
+        self._lane: tuple[tuple[object, ...], dict[str, Any]] | None = None
+        self._no_events: tuple[int, int, int] | None = None
 
     def ids(self, folder: Folder) -> list[str]:
         """The folder's message ids, newest first."""
@@ -72,9 +74,6 @@ class Folders:
             found.append((folder, email_id))
         return found
 
-    def unread(self, email_id: str) -> bool:
-        return not (self.box.folder("read") / email_id).exists()
-
     def mark_read(self, email_id: str) -> None:
         mailfiles.touch_new(self.box.folder("read") / email_id)
 
@@ -95,12 +94,16 @@ class Folders:
         shutil.rmtree(self.box.folder("attachments") / email_id, ignore_errors=True)
         mailfiles.unlink_quietly(self.box.folder("read") / email_id)
 
+    def read_ids(self) -> set[str]:
+        """The inbox ids marked read."""
+        return set(mailfiles.names(self.box.folder("read"), suffix=""))
+
     def unread_ids(self) -> list[str]:
         """Unread inbox ids, oldest first."""
         inbox = list(mailfiles.names(self.box.folder("inbox")))
         if not inbox:
             return []
-        read = set(mailfiles.names(self.box.folder("read"), suffix=""))
+        read = self.read_ids()
         return sorted(i for i in inbox if i not in read)
 
     # -- views ---------------------------------------------------------------------------
@@ -113,7 +116,7 @@ class Folders:
         ]
 
     def entry(
-        self, folder: Folder, email_id: str, mail: StoredMail, *, full: bool
+        self, folder: Folder, email_id: str, mail: StoredMail, *, unread: bool, full: bool
     ) -> dict[str, Any]:
         view: dict[str, Any] = {
             "email_id": email_id,
@@ -125,7 +128,7 @@ class Folders:
             "cc": mail.cc,
             "subject": mail.subject,
             "sent_at": mail.sent_at.isoformat(),
-            "unread": folder == "inbox" and self.unread(email_id),
+            "unread": unread,
             "mode": mail.mode,
         }
         if full:
@@ -149,7 +152,20 @@ class Folders:
     def unread_block(self, max_entries: int) -> dict[str, Any]:
         """The persistent unread lane: every unread message in full up to ``max_entries``
         (oldest first), the total always, and past the limit an overflow marker pointing to
-        the spill file that holds them all."""
+        the spill file that holds them all. Built again only when the inbox or the read
+        markers changed since it was last built (a message is never changed in place): the
+        same dict until then, which callers show and do not change."""
+        key = (
+            mailfiles.settled(self.box.folder("inbox")),
+            mailfiles.settled(self.box.folder("read")),
+            max_entries,
+        )
+        lane = self._lane
+        if lane is None or lane[0] != key or None in key:
+            lane = self._lane = (key, self._built_block(max_entries))
+        return lane[1]
+
+    def _built_block(self, max_entries: int) -> dict[str, Any]:
         ids = self.unread_ids()
         entries = [e for e in self._full_entries(ids[:max_entries])]
         block: dict[str, Any] = {"total": len(ids), "entries": entries}
@@ -172,7 +188,7 @@ class Folders:
         for email_id in ids:
             mail = self.load("inbox", email_id)
             if mail is not None:
-                entries.append(self.entry("inbox", email_id, mail, full=True))
+                entries.append(self.entry("inbox", email_id, mail, unread=True, full=True))
         return entries
 
     def refresh_mirror(self, now: str) -> None:
@@ -183,10 +199,16 @@ class Folders:
         mailfiles.write_atomic(self.box.notifications / MIRROR_FILE, mailfiles.dump(mirror))
 
     def take_events(self) -> list[dict[str, Any]]:
-        """The events not shown yet (bounces), each shown once, oldest first."""
+        """The events not shown yet (bounces), each shown once, oldest first. The folder is
+        read only when it changed since it was last found empty."""
         events: list[dict[str, Any]] = []
         folder = self.box.folder("events")
-        for name in sorted(mailfiles.names(folder)):
+        signature = mailfiles.settled(folder)
+        if signature is not None and signature == self._no_events:
+            return events
+        names = sorted(mailfiles.names(folder))
+        self._no_events = None if names else signature
+        for name in names:
             seen = folder / "seen" / f"{name}.json"
             try:
                 (folder / f"{name}.json").rename(seen)  # taken by this call, or by another

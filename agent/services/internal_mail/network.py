@@ -76,6 +76,9 @@ class MailboxDir:
     _folders: dict[str, Path] = field(
         default_factory=dict[str, Path], compare=False, repr=False, hash=False
     )
+    _names: dict[str, str] = field(
+        default_factory=dict[str, str], compare=False, repr=False, hash=False
+    )
 
     @cached_property
     def store(self) -> Path:
@@ -88,6 +91,15 @@ class MailboxDir:
             where = self.store / "outbox" / "claimed" if name == "claimed" else self.store / name
             found = self._folders[name] = where
         return found
+
+    def name_in(self, folder: str, name: str) -> str:
+        """The path of file ``name`` in a folder of the store, as a string (see
+        ``mailfiles.Where``)."""
+        key = f"{folder}/"
+        found = self._names.get(key)
+        if found is None:
+            found = self._names[key] = f"{os.fspath(self.folder(folder))}/"
+        return found + name
 
     def file(self, name: str) -> Path:
         """A file of the mailbox folder itself (agent.json, heartbeat.json, ...)."""

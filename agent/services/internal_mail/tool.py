@@ -105,6 +105,7 @@ class InternalMail:
         self.identity = identity
         self.box: MailboxDir = network.box(identity.address)
         self.folders = Folders(self.box)
+        self._guard_file = mailfiles.HeldLock(self.box.folder(".guard"))
         self._actions: dict[str, Callable[[Any, Context], dict[str, Any]]] = {
             "send": self._send,
             "check": self._check,
@@ -216,22 +217,24 @@ class InternalMail:
         cc = [checked_address(a, mode) for a in cc if a not in to]
         refs, snapshot = _attachments(attachments)
         digest = body_digest(to + cc, message)
-        with mailfiles.locked(self.box.folder(".guard")) as guard:
+        with self._guard_file.hold() as guard:
             count = self._guard(guard, digest, config)
-            record = StoredMail.model_construct(  # every value was checked above
-                uid=delivery.new_uid(),
-                from_=self._own_address(mode),
-                sender_name=meta.name,
-                sender_nickname=meta.nickname,
-                mode=mode,
-                to=to,
-                cc=cc,
-                subject=subject,
-                message=message,
-                attachments=refs,
-                sent_at=self.network.clock.now(),
-                deliver_at=delivery.due_at(self.network, delay),
-                in_reply_to=in_reply_to,
+            record = StoredMail.model_validate(
+                {
+                    "uid": delivery.new_uid(),
+                    "from": self._own_address(mode),
+                    "sender_name": meta.name,
+                    "sender_nickname": meta.nickname,
+                    "mode": mode,
+                    "to": to,
+                    "cc": cc,
+                    "subject": subject,
+                    "message": message,
+                    "attachments": refs,
+                    "sent_at": self.network.clock.now(),
+                    "deliver_at": delivery.due_at(self.network, delay),
+                    "in_reply_to": in_reply_to,
+                }
             )
             recipients = self._recipients(to + cc, mode, config)
             outgoing = Outgoing(record, recipients, snapshot)
@@ -311,10 +314,11 @@ class InternalMail:
 
     def _check(self, inp: CheckInput, context: Context) -> dict[str, Any]:
         folder = inp.folder or "inbox"
+        read = self.folders.read_ids()
         hits = [
-            self.folders.entry(f, i, m, full=False)
+            self.folders.entry(f, i, m, unread=unread, full=False)
             for f, i, m in self.folders.listed((folder,))
-            if matches(m, f == "inbox" and self.folders.unread(i), inp.filter)
+            if matches(m, unread := f == "inbox" and i not in read, inp.filter)
         ]
         self.folders.refresh_mirror(self._now())
         return _budgeted({"folder": folder}, hits, inp.n or 10, context.config)
@@ -324,14 +328,12 @@ class InternalMail:
         emails: list[dict[str, Any]] = []
         for folder, email_id in found:
             mail = self.folders.load(folder, email_id)
-            if mail is not None:
-                emails.append(self.folders.entry(folder, email_id, mail, full=True))
+            if mail is not None:  # read now: an inbox message is marked read below
+                emails.append(self.folders.entry(folder, email_id, mail, unread=False, full=True))
         for folder, email_id in found:
             if folder == "inbox":
                 self.folders.mark_read(email_id)
         self.folders.refresh_mirror(self._now())
-        for email in emails:
-            email["unread"] = False if email["folder"] == "inbox" else email["unread"]
         return {"status": "ok", "emails": emails}
 
     def _dismiss(self, inp: IdsInput) -> dict[str, Any]:
@@ -345,8 +347,9 @@ class InternalMail:
     def _search(self, inp: SearchInput, context: Context) -> dict[str, Any]:
         pattern = re.compile(inp.query)
         folders = (inp.folder,) if inp.folder else FOLDER_NAMES
+        read = self.folders.read_ids()
         hits = [
-            self.folders.entry(f, i, m, full=False)
+            self.folders.entry(f, i, m, unread=f == "inbox" and i not in read, full=False)
             for f, i, m in self.folders.listed(folders)
             if searched(m, pattern)
         ]
