@@ -15,7 +15,7 @@ import hashlib
 import math
 import re
 from collections.abc import Mapping
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
@@ -311,12 +311,14 @@ def checked_ids(ids: list[str]) -> list[str]:
 def local_id(sent_at: datetime, uid: str, mailbox: str) -> str:
     """A message's id in one mailbox: sortable by time, different in every mailbox."""
     digest = hashlib.sha256(f"{uid}\0{mailbox}".encode()).hexdigest()[:12]
-    return f"{_id_time(sent_at)}-{digest}"
+    return f"{_id_time(sent_at, sent_at.utcoffset())}-{digest}"
 
 
 @functools.lru_cache(maxsize=64)
-def _id_time(sent_at: datetime) -> str:
-    return f"{sent_at:%Y%m%dT%H%M%S%f}"  # one send names its sent copy and each delivery
+def _id_time(sent_at: datetime, offset: timedelta | None) -> str:
+    """One send names its sent copy and each delivery from the same moment (``offset``
+    keys the cache too: equal moments in two time zones are written differently)."""
+    return f"{sent_at:%Y%m%dT%H%M%S%f}"
 
 
 # -- stored messages ------------------------------------------------------------------------

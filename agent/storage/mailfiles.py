@@ -16,6 +16,7 @@ import threading
 import time
 import weakref
 from collections.abc import Callable, Generator, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeAlias
 
@@ -168,16 +169,25 @@ def locked(path: Path) -> Generator[int]:
 
 class HeldLock:
     """An exclusive lock on a small file that stays open between uses (``locked`` opens and
-    closes it every time). Threads of one process take turns on a mutex, processes on the
-    file's lock. A file removed while it was open is opened anew; so is it in a forked child
-    (every copy of a descriptor shares its lock), which also gets a mutex of its own."""
+    closes it every time): one per file in a process (``HeldLock.of``). Threads take turns on
+    a mutex, processes on the file's lock. A file removed or moved aside while it was open is
+    let go, and the file that has the name now is locked; a forked child opens its own (every
+    copy of a descriptor shares one lock) and gets a mutex of its own."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
         self._mutex = threading.Lock()
         self._fd: int | None = None
-        self._closer: weakref.finalize[[int], HeldLock] | None = None
-        _HELD.add(self)
+        _HELD.every.add(self)
+
+    @classmethod
+    def of(cls, path: Path) -> HeldLock:
+        """The process's lock of ``path``."""
+        with _HELD.mutex:
+            found = _HELD.locks.get(str(path))
+            if found is None:
+                found = _HELD.locks[str(path)] = cls(path)
+            return found
 
     @contextlib.contextmanager
     def hold(self) -> Generator[int]:
@@ -193,41 +203,66 @@ class HeldLock:
         while True:
             fd = self._open()
             fcntl.flock(fd, fcntl.LOCK_EX)
-            if os.fstat(fd).st_nlink > 0:
-                return fd
-            self.close()  # removed while it was held open: lock what has the name now
+            try:
+                if self._named(fd):
+                    return fd
+            except BaseException:
+                fcntl.flock(fd, fcntl.LOCK_UN)
+                raise
+            self.close()  # removed or moved aside: lock the file that has the name now
+
+    def _named(self, fd: int) -> bool:
+        """Whether the open file is still the one the path names."""
+        held = os.fstat(fd)
+        try:
+            named = self.path.stat()
+        except FileNotFoundError:
+            return False
+        return (held.st_dev, held.st_ino) == (named.st_dev, named.st_ino)
 
     def _open(self) -> int:
         if self._fd is None:
             self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
-            self._closer = weakref.finalize(self, os.close, self._fd)
         return self._fd
 
     def close(self) -> None:
-        if self._closer is not None:
-            self._closer()
-        self._fd = self._closer = None
+        fd, self._fd = self._fd, None
+        if fd is not None:
+            os.close(fd)
 
-    def _after_fork(self) -> None:
-        self._mutex = threading.Lock()  # the parent's may have been held by another thread
-        self.close()  # the child's copy of the descriptor; the parent's stays open
+    def after_fork(self) -> None:
+        """In a forked child: its own mutex (the parent's may have been held by another
+        thread), and its copy of the descriptor closed (the parent's stays open)."""
+        self._mutex = threading.Lock()
+        with contextlib.suppress(OSError):
+            self.close()
 
 
-_HELD: weakref.WeakSet[HeldLock] = weakref.WeakSet()
+@dataclass
+class _Held:
+    locks: dict[str, HeldLock] = field(default_factory=dict[str, HeldLock])
+    """One lock per file, kept for the process's life."""
+    every: weakref.WeakSet[HeldLock] = field(default_factory=weakref.WeakSet[HeldLock])
+    """Every lock, to be made the child's own after a fork."""
+    mutex: threading.Lock = field(default_factory=threading.Lock)
+
+
+_HELD = _Held()
 
 
 def _after_fork_in_child() -> None:
-    for lock in list(_HELD):
-        lock._after_fork()  # pyright: ignore[reportPrivateUsage]
+    _HELD.mutex = threading.Lock()
+    for lock in list(_HELD.every):
+        lock.after_fork()
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
-SETTLED_NS = 2_000_000_000
+SETTLED_NS = 3_000_000_000
 """How old a folder's last change must be before its time identifies its content: a file
-system's clock ticks coarsely (a second or two on some), and a change within the tick of the
-last one would keep the same time."""
+system's clock ticks coarsely (up to two seconds on some), and a change within the tick of
+the last one would keep the same time."""
 
 
 def settled(folder: Path) -> tuple[int, int, int] | None:

@@ -71,8 +71,13 @@ def unread_lane(result: CallToolResult) -> dict[str, Any]:
 async def test_unknown_root_fields_and_foreign_input_fields_are_refused_before_any_io(
     world: MailWorld,
 ) -> None:
+    mirror = world.data_dir / "mail" / "agent" / ".notification" / "email.json"
     async with server(world) as client:
         await mail(client, "send", address="agent", message="note")
+        await wait_until(  # the session's own write for the new mail is done
+            lambda: mirror.exists() and json.loads(mirror.read_text())["unread"] == 1,
+            "the session to see the note",
+        )
         before = tree(world.data_dir / "mail")
         extra = await client.call_tool(
             "internal_mail", {"action": "check", "input": {}, "reasoning": "r", "folder": "x"}

@@ -219,13 +219,18 @@ def test_the_duplicate_guard_counts_identical_sends_from_many_threads_exactly(
     assert sorted(outcomes) == ["DUPLICATE_SEND"] * 14 + ["sent"] * 2
 
 
+@pytest.mark.parametrize("how", ["removed", "moved aside"])
 def test_the_duplicate_guard_holds_when_its_file_is_replaced_between_sends(
-    world: MailWorld,
+    world: MailWorld, how: str
 ) -> None:
     one = world.box("triage")
     world.box("ops/noa", "operator")
     call(one, "send", address="ops/noa", message="ping")
-    (one.box.store / ".guard").unlink()  # the file the first session holds open goes
+    guard = one.box.store / ".guard"  # the file the tool holds open goes
+    if how == "removed":
+        guard.unlink()
+    else:
+        guard.rename(guard.with_name(".guard.old"))
     two = InternalMail(world.network, Identity("triage"))
     call(two, "send", address="ops/noa", message="ping")
     call(one, "send", address="ops/noa", message="ping")  # counts on the new file
@@ -790,6 +795,21 @@ def test_the_lane_follows_mail_and_read_marks_from_other_callers_of_a_quiet_mail
     call(other_session, "dismiss", email_id=inbox_ids(noa))
     settle(noa, 30)
     assert lane(call(noa, "contacts")) == {"total": 0, "entries": []}
+
+
+def test_the_overflow_marker_of_a_quiet_mailbox_points_at_a_spill_file_that_exists(
+    world: MailWorld,
+) -> None:
+    world.configure(settings={"unread.max_entries": 1})
+    triage = world.box("triage")
+    noa = world.box("ops/noa", "operator")
+    for n in range(3):
+        call(triage, "send", address="ops/noa", message=f"body {n}")
+    settle(noa, 60)
+    spill = Path(lane(call(noa, "contacts"))["overflow"]["spill"])
+    spill.unlink()  # say the host cleared the notification folder
+    assert Path(lane(call(noa, "contacts"))["overflow"]["spill"]) == spill
+    assert len(json.loads(spill.read_text())["entries"]) == 3
 
 
 def test_a_bounce_reaches_a_quiet_mailbox_whose_events_were_found_empty(

@@ -11,6 +11,7 @@ the messages in full.
 from __future__ import annotations
 
 import shutil
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -38,8 +39,10 @@ class Folders:
 
     def __init__(self, box: MailboxDir) -> None:
         self.box = box
-        self._lane: tuple[tuple[object, ...], dict[str, Any]] | None = None
-        self._no_events: tuple[int, int, int] | None = None
+        self._lane: tuple[tuple[object, ...], int, dict[str, Any]] | None = None
+        """The lane last built: what its folders were, when (ns), and the lane."""
+        self._no_events: tuple[tuple[int, int, int], int] | None = None
+        """The events folder when it was last found empty, and when (ns)."""
 
     def ids(self, folder: Folder) -> list[str]:
         """The folder's message ids, newest first."""
@@ -152,18 +155,21 @@ class Folders:
     def unread_block(self, max_entries: int) -> dict[str, Any]:
         """The persistent unread lane: every unread message in full up to ``max_entries``
         (oldest first), the total always, and past the limit an overflow marker pointing to
-        the spill file that holds them all. Built again only when the inbox or the read
-        markers changed since it was last built (a message is never changed in place): the
-        same dict until then, which callers show and do not change."""
+        the spill file that holds them all. Built again unless the inbox and the read
+        markers are what they were when it was last built (a message is never changed in
+        place), and it did not overflow (its spill file is rewritten every time)."""
+        now = time.time_ns()
         key = (
             mailfiles.settled(self.box.folder("inbox")),
             mailfiles.settled(self.box.folder("read")),
             max_entries,
         )
         lane = self._lane
-        if lane is None or lane[0] != key or None in key:
-            lane = self._lane = (key, self._built_block(max_entries))
-        return lane[1]
+        if lane is not None and lane[0] == key and None not in key and now >= lane[1]:
+            return dict(lane[2])
+        block = self._built_block(max_entries)
+        self._lane = None if "overflow" in block else (key, now, block)
+        return dict(block)
 
     def _built_block(self, max_entries: int) -> dict[str, Any]:
         ids = self.unread_ids()
@@ -203,11 +209,14 @@ class Folders:
         read only when it changed since it was last found empty."""
         events: list[dict[str, Any]] = []
         folder = self.box.folder("events")
+        now = time.time_ns()
         signature = mailfiles.settled(folder)
-        if signature is not None and signature == self._no_events:
+        empty = self._no_events
+        unchanged = signature is not None and empty is not None and empty[0] == signature
+        if unchanged and empty is not None and now >= empty[1]:  # the clock did not step back
             return events
         names = sorted(mailfiles.names(folder))
-        self._no_events = None if names else signature
+        self._no_events = (signature, now) if signature is not None and not names else None
         for name in names:
             seen = folder / "seen" / f"{name}.json"
             try:

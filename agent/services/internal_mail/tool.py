@@ -105,7 +105,7 @@ class InternalMail:
         self.identity = identity
         self.box: MailboxDir = network.box(identity.address)
         self.folders = Folders(self.box)
-        self._guard_file = mailfiles.HeldLock(self.box.folder(".guard"))
+        self._guard_file = mailfiles.HeldLock.of(self.box.folder(".guard"))
         self._actions: dict[str, Callable[[Any, Context], dict[str, Any]]] = {
             "send": self._send,
             "check": self._check,
