@@ -761,15 +761,22 @@ def test_unreadable_settings_fail_the_whole_inventory_with_no_partial_rows(
 # -- notifications -----------------------------------------------------------------------------
 
 
-def test_unread_mail_is_in_the_lane_in_full_up_to_the_limit_then_an_overflow_marker(
-    world: MailWorld,
-) -> None:
-    world.configure(settings={"unread.max_entries": 2})
+def three_unread(world: MailWorld, lane_limit: int) -> InternalMail:
+    """An operator's mailbox holding three unread messages ("body 0" oldest), with a lane
+    of ``lane_limit`` entries."""
+    world.configure(settings={"unread.max_entries": lane_limit})
     triage = world.box("triage")
     noa = world.box("ops/noa", "operator")
     for n in range(3):
         call(triage, "send", address="ops/noa", message=f"body {n}")
         world.clock.advance(seconds=1)
+    return noa
+
+
+def test_unread_mail_is_in_the_lane_in_full_up_to_the_limit_then_an_overflow_marker(
+    world: MailWorld,
+) -> None:
+    noa = three_unread(world, lane_limit=2)
     block = lane(call(noa, "check"))
     assert block["total"] == 3
     assert [e["message"] for e in block["entries"]] == ["body 0", "body 1"]
@@ -800,11 +807,7 @@ def test_the_lane_follows_mail_and_read_marks_from_other_callers_of_a_quiet_mail
 def test_the_overflow_marker_of_a_quiet_mailbox_points_at_a_spill_file_that_exists(
     world: MailWorld,
 ) -> None:
-    world.configure(settings={"unread.max_entries": 1})
-    triage = world.box("triage")
-    noa = world.box("ops/noa", "operator")
-    for n in range(3):
-        call(triage, "send", address="ops/noa", message=f"body {n}")
+    noa = three_unread(world, lane_limit=1)
     settle(noa, 60)
     spill = Path(lane(call(noa, "contacts"))["overflow"]["spill"])
     spill.unlink()  # say the host cleared the notification folder
