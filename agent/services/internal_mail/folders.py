@@ -165,10 +165,11 @@ class Folders:
             max_entries,
         )
         lane = self._lane
-        if lane is not None and lane[0] == key and None not in key and now >= lane[1]:
+        if lane is not None and lane[0] == key and now >= lane[1]:  # no clock step back
             return dict(lane[2])
         block = self._built_block(max_entries)
-        self._lane = None if "overflow" in block else (key, now, block)
+        kept = None not in key and "overflow" not in block
+        self._lane = (key, now, block) if kept else None
         return dict(block)
 
     def _built_block(self, max_entries: int) -> dict[str, Any]:
@@ -212,8 +213,7 @@ class Folders:
         now = time.time_ns()
         signature = mailfiles.settled(folder)
         empty = self._no_events
-        unchanged = signature is not None and empty is not None and empty[0] == signature
-        if unchanged and empty is not None and now >= empty[1]:  # the clock did not step back
+        if empty is not None and signature == empty[0] and now >= empty[1]:  # as found empty
             return events
         names = sorted(mailfiles.names(folder))
         self._no_events = (signature, now) if signature is not None and not names else None
