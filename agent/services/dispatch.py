@@ -30,6 +30,9 @@ from agent.services.schedule import Installation
 
 LEASE_TTL = timedelta(seconds=60)
 RECENT_CYCLES = 20
+REQUEST_STEP = timedelta(milliseconds=1)
+"""How far after the newest cycle a requested one is recorded when both fall in one second
+(a step the store's timestamps keep exactly)."""
 """How far back a new holder looks for a cycle another dispatcher left unfinished."""
 
 
@@ -258,12 +261,22 @@ class Dispatcher:
                 await self.run_cycle(*due, plan)
             if run_now or self.requested:
                 self.requested = False
-                await self.run_cycle(self.clock.now().replace(microsecond=0), None, plan)
+                await self.run_cycle(self._requested_for(), None, plan)
         except LeaseLost:
             self._report(Role.STANDBY, "lost the lease mid-cycle: its holder runs the cycle")
             return self.poll
         upcoming = schedule.next_runs(plan.expression, plan.timezone, self.clock.now(), 1)[0]
         return max(0.0, min(self.poll, (upcoming - self.clock.now()).total_seconds()))
+
+    def _requested_for(self) -> datetime:
+        """When a cycle asked for now is recorded as due: now (to the second), or just after
+        the newest cycle when that one is as recent. A request is a cycle of its own, never
+        the one that finished in the same second (mail may have come since it scanned)."""
+        now = self.clock.now().replace(microsecond=0)
+        newest = self.store.list_cycles(self.workspace_id, 1)
+        if newest and newest[0].scheduled_for >= now:
+            return newest[0].scheduled_for + REQUEST_STEP
+        return now
 
     async def run(self, *, no_wait: bool = False, run_now: bool = False) -> bool:
         """Run until cancelled; False at once when ``no_wait`` and another holds the lease."""

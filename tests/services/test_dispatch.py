@@ -214,3 +214,18 @@ def test_a_cycle_that_fails_without_a_message_is_recorded_by_its_kind(
     drive(dispatcher)
     [cycle] = store.list_cycles(WS)
     assert cycle.outcome == "failed: TimeoutError" and cycle.finished_at is not None
+
+
+def test_a_cycle_asked_for_in_the_second_a_cycle_finished_runs_as_a_cycle_of_its_own(
+    store: SqliteStore,
+) -> None:
+    clock = FrozenClock(datetime(2026, 12, 1, 12, 0, 7, 250_000, tzinfo=UTC))
+    dispatcher, ran = driven(store, clock, clock.now(), holder=LOCAL)
+    dispatcher.requested = True
+    drive(dispatcher)
+    again, ran_again = driven(store, clock, clock.now(), holder=LOCAL)
+    again.requested = True  # mail came meanwhile: the operator asks again, in the same second
+    drive(again)
+    assert len(ran) == len(ran_again) == 1
+    cycles = store.list_cycles(WS)
+    assert len(cycles) == 2 and all(c.outcome == "clean" for c in cycles)
