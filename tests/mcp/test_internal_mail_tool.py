@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 import os
 import sys
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -71,13 +71,10 @@ def unread_lane(result: CallToolResult) -> dict[str, Any]:
 async def test_unknown_root_fields_and_foreign_input_fields_are_refused_before_any_io(
     world: MailWorld,
 ) -> None:
-    mirror = world.data_dir / "mail" / "agent" / ".notification" / "email.json"
     async with server(world) as client:
-        await mail(client, "send", address="agent", message="note")
-        await wait_until(  # the session's own write for the new mail is done
-            lambda: mirror.exists() and json.loads(mirror.read_text())["unread"] == 1,
-            "the session to see the note",
-        )
+        async with client.listen(resource_subscriptions=[UNREAD_URI]) as events:
+            await mail(client, "send", address="agent", message="note")
+            await next_unread_update(events)  # the session's own write for it is done
         before = tree(world.data_dir / "mail")
         extra = await client.call_tool(
             "internal_mail", {"action": "check", "input": {}, "reasoning": "r", "folder": "x"}
@@ -162,31 +159,34 @@ async def test_the_server_keeps_delivering_after_a_courier_pass_fails_unexpected
     world: MailWorld, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     failures: list[int] = []
+    failed_twice = anyio.Event()
 
-    def broken(*_: object) -> bool:
+    def broken(*_: object) -> bool:  # runs in the session's worker thread
         failures.append(1)
+        if len(failures) == 2:
+            anyio.from_thread.run_sync(failed_twice.set)
         raise RuntimeError("a fault nobody planned for")
 
-    inbox = world.data_dir / "mail" / "agent" / "mailbox" / "inbox"
     async with server(world) as client:
         answer(await mail(client, "send", address="agent", message="capsule", delay=600))
-        with monkeypatch.context() as fault:
-            fault.setattr(delivery, "_deliver", broken)
-            world.clock.advance(seconds=601)
-            await wait_until(lambda: len(failures) >= 2, "two failed courier passes")
-        await wait_until(lambda: any(inbox.iterdir()), "the next pass to deliver")
+        async with client.listen(resource_subscriptions=[UNREAD_URI]) as events:
+            with monkeypatch.context() as fault:
+                fault.setattr(delivery, "_deliver", broken)
+                world.clock.advance(seconds=601)
+                with anyio.fail_after(30):
+                    await failed_twice.wait()
+            await next_unread_update(events)  # the next pass delivered it
         assert unread_lane(await mail(client, "check"))["total"] == 1
     assert "a courier pass failed" in caplog.text
 
 
-async def wait_until(predicate: Callable[[], bool], what: str) -> None:
-    """Wait, within a bound, for what the server's session loop does on its own."""
-    deadline = anyio.current_time() + 30
-    while True:
-        if predicate():
-            return
-        assert anyio.current_time() < deadline, f"waited 30 s for {what}"
-        await anyio.sleep(0.02)
+async def next_unread_update(events: AsyncIterator[object]) -> None:
+    """Wait, within a bound, for the server to publish a change of the unread resource."""
+    with anyio.fail_after(30):
+        async for event in events:
+            if getattr(event, "uri", None) == UNREAD_URI:
+                return
+    raise AssertionError("the server's updates ended before the unread resource changed")
 
 
 async def test_settings_and_manual_answer_without_a_mailbox_lane(world: MailWorld) -> None:
@@ -226,10 +226,7 @@ async def test_the_unread_resource_shows_the_lane_and_is_updated_when_mail_arriv
     async with server(world) as client:
         async with client.listen(resource_subscriptions=[UNREAD_URI]) as events:
             call(triage, "send", address="agent", message="news")
-            with anyio.fail_after(10):
-                async for event in events:
-                    if getattr(event, "uri", None) == UNREAD_URI:
-                        break
+            await next_unread_update(events)
         mirror = world.data_dir / "mail" / "agent" / ".notification" / "email.json"
         assert json.loads(mirror.read_text())["unread"] == 1  # rewritten as the mail arrived
         contents = (await client.read_resource(UNREAD_URI)).contents
