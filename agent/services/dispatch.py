@@ -30,10 +30,10 @@ from agent.services.schedule import Installation
 
 LEASE_TTL = timedelta(seconds=60)
 RECENT_CYCLES = 20
+"""How far back a new holder looks for a cycle another dispatcher left unfinished."""
 REQUEST_STEP = timedelta(milliseconds=1)
 """How far after the newest cycle a requested one is recorded when both fall in one second
 (a step the store's timestamps keep exactly)."""
-"""How far back a new holder looks for a cycle another dispatcher left unfinished."""
 
 
 class Role(StrEnum):
@@ -308,7 +308,7 @@ class Dispatcher:
         try:
             self._report(Role.ONE_SHOT, "run by the host scheduler")
             due = self.due(plan)
-            scheduled_for = due[0] if due is not None else self.clock.now().replace(microsecond=0)
+            scheduled_for = due[0] if due is not None else self._requested_for()
             if not await self.run_cycle(scheduled_for, due[1] if due else None, plan):
                 self.say(f"the cycle due {scheduled_for:%Y-%m-%d %H:%M %Z} ran already")
         except LeaseLost:

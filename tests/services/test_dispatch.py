@@ -228,4 +228,20 @@ def test_a_cycle_asked_for_in_the_second_a_cycle_finished_runs_as_a_cycle_of_its
     drive(again)
     assert len(ran) == len(ran_again) == 1
     cycles = store.list_cycles(WS)
-    assert len(cycles) == 2 and all(c.outcome == "clean" for c in cycles)
+    assert [c.scheduled_for for c in cycles] == [  # newest first, the second one ms later
+        datetime(2026, 12, 1, 12, 0, 7, 1000, tzinfo=UTC),
+        datetime(2026, 12, 1, 12, 0, 7, tzinfo=UTC),
+    ]
+    assert all(c.outcome == "clean" for c in cycles)
+
+
+def test_a_one_shot_run_in_the_second_a_cycle_finished_runs_a_cycle_of_its_own(
+    store: SqliteStore,
+) -> None:
+    clock = FrozenClock(datetime(2026, 12, 1, 12, 0, 7, 250_000, tzinfo=UTC))
+    dispatcher, _ = driven(store, clock, clock.now(), holder=LOCAL)
+    dispatcher.requested = True
+    drive(dispatcher)
+    one_shot, ran = driven(store, clock, clock.now(), holder=LOCAL)
+    assert anyio.run(one_shot.once)
+    assert len(ran) == 1 and len(store.list_cycles(WS)) == 2
