@@ -216,13 +216,19 @@ def test_a_cycle_that_fails_without_a_message_is_recorded_by_its_kind(
     assert cycle.outcome == "failed: TimeoutError" and cycle.finished_at is not None
 
 
-def test_a_cycle_asked_for_in_the_second_a_cycle_finished_runs_as_a_cycle_of_its_own(
-    store: SqliteStore,
-) -> None:
+def after_a_requested_cycle(store: SqliteStore) -> tuple[FrozenClock, list[datetime]]:
+    """A cycle asked for and run at 12:00:07.25, the clock left there; the cycles it ran."""
     clock = FrozenClock(datetime(2026, 12, 1, 12, 0, 7, 250_000, tzinfo=UTC))
     dispatcher, ran = driven(store, clock, clock.now(), holder=LOCAL)
     dispatcher.requested = True
     drive(dispatcher)
+    return clock, ran
+
+
+def test_a_cycle_asked_for_in_the_second_a_cycle_finished_runs_as_a_cycle_of_its_own(
+    store: SqliteStore,
+) -> None:
+    clock, ran = after_a_requested_cycle(store)
     again, ran_again = driven(store, clock, clock.now(), holder=LOCAL)
     again.requested = True  # mail came meanwhile: the operator asks again, in the same second
     drive(again)
@@ -238,10 +244,7 @@ def test_a_cycle_asked_for_in_the_second_a_cycle_finished_runs_as_a_cycle_of_its
 def test_a_one_shot_run_in_the_second_a_cycle_finished_runs_a_cycle_of_its_own(
     store: SqliteStore,
 ) -> None:
-    clock = FrozenClock(datetime(2026, 12, 1, 12, 0, 7, 250_000, tzinfo=UTC))
-    dispatcher, _ = driven(store, clock, clock.now(), holder=LOCAL)
-    dispatcher.requested = True
-    drive(dispatcher)
+    clock, _ = after_a_requested_cycle(store)
     one_shot, ran = driven(store, clock, clock.now(), holder=LOCAL)
     assert anyio.run(one_shot.once)
     assert len(ran) == 1 and len(store.list_cycles(WS)) == 2
