@@ -216,6 +216,18 @@ def assert_recovered(world: World) -> dict[str, int]:
         store.close()
 
 
+def _unexecuted(world: World, store: EmbeddedStore) -> str:
+    """The messages no execution names, with their delivery times: what a lost one shows."""
+    refs = {e.item_ref for e in store.list_executions()}
+    lost = [
+        f"{path.name} ({world.box[key]['Subject']}, ctime_ns {path.stat().st_ctime_ns})"
+        for key in world.box.iterkeys()
+        if f"maildir:{key}" not in refs
+        for path in world.maildir.glob(f"*/{key}*")
+    ]
+    return f"{store.counts()}; now {time.time_ns()}; not executed: {lost}"
+
+
 def assert_nothing_lost_or_doubled(world: World, store: EmbeddedStore) -> dict[str, int]:
     """Every run reconciled (scanned = the sum of its dispositions), every message executed
     once, one task per thread, each triaged by the claim that created it."""
@@ -231,7 +243,9 @@ def assert_nothing_lost_or_doubled(world: World, store: EmbeddedStore) -> dict[s
             rec.terminal + rec.non_terminal + rec.claim_race + rec.reconciliation_failed
         )
     counts = store.counts()
-    assert counts["executions"] == counts["executions_done"] == world.messages
+    assert counts["executions"] == counts["executions_done"] == world.messages, _unexecuted(
+        world, store
+    )
     assert counts["tasks"] == len(world.threads)  # one task per verified thread
     assert counts["task_messages"] == world.messages
     # Every task was triaged by the claim that created it, even when that claim was taken

@@ -228,7 +228,10 @@ def test_postgres_faults_during_a_multi_worker_run_lose_and_duplicate_nothing(
             tally.rounds += 1
             assert tally.rounds <= MAX_ROUNDS, f"faults not reached in {MAX_ROUNDS} rounds: {tally}"
             _round(world, cluster, rng, tally)
-        counts = assert_recovered(world)
+        try:
+            counts = assert_recovered(world)
+        except AssertionError as exc:
+            raise AssertionError(f"after {tally}: {exc}") from exc
         REPORTED["faults postgres"] = {
             **asdict(tally), "sigkills": tally.sigkills, "messages": world.messages,
             "threads": len(world.threads), "executions": counts["executions"],
