@@ -13,7 +13,7 @@ import json
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from functools import partial
+from functools import cache, partial
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -21,10 +21,12 @@ from agent.domain.context import MailboxBinding
 from agent.domain.errors import AccessRefused, AuthenticationExpired, ContextError, Unsupported
 from agent.domain.internal_mail import Kind
 from agent.domain.mail import Channel
+from agent.domain.pack import Drift, WheelPin, code_digest
 from agent.domain.secrets import CredentialRef, Secret
 from agent.ports import Clock, EmbeddedStore, Health, MailProvider, TaskBoard, Vault
 from agent.providers.imap_smtp import ImapSmtpProvider
 from agent.providers.maildir import MaildirProvider
+from agent.services import pack as pack_service
 from agent.services.access import AccessRoute, Action, Candidate, Refusal
 from agent.services.clock import SystemClock
 from agent.services.intake import ProviderFactory
@@ -497,21 +499,55 @@ class Providers:
             ) from None
 
 
-def installation() -> Installation:
+CODE_PACKAGES = ("agent", "mcp_server", "browser_adapters", "managed_login", "fixtures", "bench")
+"""The import packages of the Outloop distribution: its running code."""
+
+
+def installation(pack_target: Path | None = None) -> Installation:
     """Where this Outloop runs from: the interpreter, the directory its packages are
-    installed in, and the distribution's version (what a dispatcher records and verify
-    compares)."""
-    import importlib.metadata  # noqa: PLC0415
+    installed in, and the distribution's version with the public pack release installed in
+    ``pack_target`` (what a dispatcher records and verify compares: a dispatcher started
+    before a pack install runs the previous installation)."""
     import sys  # noqa: PLC0415
 
     import agent  # noqa: PLC0415
+
+    version = running_code()[0]
+    release = pack_service.current_release(pack_target) if pack_target is not None else None
+    if release is not None:
+        version = f"{version} (pack {release})"
+    install = str(Path(agent.__file__).resolve().parent.parent)
+    return Installation(executable=sys.executable, install=install, version=version)
+
+
+@cache
+def running_code() -> tuple[str, dict[str, str]]:
+    """The distribution's version and each of its modules' SHA-256, as this process loaded
+    them (read once: what runs does not change under a process)."""
+    import importlib.metadata  # noqa: PLC0415
+    import importlib.util  # noqa: PLC0415
 
     try:
         version = importlib.metadata.version("outloop")
     except importlib.metadata.PackageNotFoundError:
         version = "unknown"
-    install = str(Path(agent.__file__).resolve().parent.parent)
-    return Installation(executable=sys.executable, install=install, version=version)
+    roots: list[Path] = []
+    for name in CODE_PACKAGES:
+        spec = importlib.util.find_spec(name)
+        if spec is not None and spec.submodule_search_locations:
+            roots.append(Path(next(iter(spec.submodule_search_locations))))
+    return version, pack_service.code_files(roots)
+
+
+def wheel_pin() -> WheelPin:
+    """The running Outloop as the pack's pinned dependency."""
+    version, files = running_code()
+    return WheelPin(name="outloop", version=version, code_sha256=code_digest(files), files=files)
+
+
+def pack_status(pack_target: Path) -> Drift:
+    """The installed pack against the running code (a task record shows it)."""
+    return pack_service.status(pack_target, running_code())
 
 
 def _digest(binding: MailboxBinding) -> str:

@@ -97,6 +97,15 @@ class ApprovalDecisionView(_Out):
     decided_at: datetime
 
 
+class PackageView(_Out):
+    """The installed public pack against the running code (seed 000 section 5: the
+    generated package version and drift status), computed when the record is read."""
+
+    version: str | None = Field(description="the installed public pack's version (null: none)")
+    drift: str = Field(description="in_sync, drifted (naming what differs) or unknown")
+    differences: list[str] = Field(description="what differs, or why the status is unknown")
+
+
 class TaskView(_Out):
     task_id: str
     workspace_id: str
@@ -119,6 +128,7 @@ class TaskView(_Out):
     sent_message_id: str | None
     readback_evidence: str | None
     message_count: int
+    package: PackageView
     untrusted: UntrustedTaskFields
 
 

@@ -29,13 +29,14 @@ from agent.domain.errors import (
     UnknownTask,
     UnknownWorkspace,
 )
+from agent.domain.pack import Drift
 from agent.domain.task import Task
 from agent.ports import Clock, MailProvider
 from agent.services.intake import ProviderFactory, Scan
 from agent.services.internal_mail import InternalMail
 from agent.services.replies import AlreadySent, SendRefused, UnfinishedSend
 from agent.services.workspaces import load_context
-from mcp_server.composition import Station
+from mcp_server.composition import Station, pack_status
 from mcp_server.models import ClaimView
 
 REFUSED = -32010
@@ -63,10 +64,24 @@ class Runtime:
     """The channel each mailbox's calls go through, opened on first use and kept (an IMAP
     connection is reused); closed when the server stops."""
     retired: list[MailProvider] = field(default_factory=list[MailProvider])
+    _package: tuple[tuple[int, int] | None, Drift] | None = None
 
     _locks: dict[tuple[str, ...], tuple[anyio.Lock, list[int]]] = field(
         default_factory=dict[tuple[str, ...], tuple[anyio.Lock, list[int]]]
     )
+
+    def package(self) -> Drift:
+        """The installed pack against the running code, read again when the installed
+        release changes (its manifest's inode and time)."""
+        target = self.station.data_dir.pack
+        try:
+            st = (target / "current" / "pack.json").stat()
+            key: tuple[int, int] | None = (st.st_ino, st.st_mtime_ns)
+        except OSError:
+            key = None
+        if self._package is None or self._package[0] != key:
+            self._package = (key, pack_status(target))
+        return self._package[1]
 
     @asynccontextmanager
     async def serialized(self, *key: str) -> AsyncGenerator[None]:

@@ -157,11 +157,12 @@ def _add_task_record(server: MCPServer[Runtime]) -> None:
         mime_type="application/json",
     )
     async def task_record(task_id: str, ctx: Context) -> str:  # pyright: ignore[reportUnusedFunction]
+        rt = runtime_of(ctx)
         try:
-            task = load_task(runtime_of(ctx).station.store, task_id)
+            task = load_task(rt.station.store, task_id)
         except OutloopError as exc:
             raise MCPError(RESOURCE_NOT_FOUND, worded(exc)) from exc
-        return task_view(task).model_dump_json(indent=2)
+        return task_view(task, rt.package()).model_dump_json(indent=2)
 
 
 def _add_internal_mail(server: MCPServer[Runtime], mail: InternalMail) -> None:

@@ -16,6 +16,7 @@ from agent.domain.context import MailboxBinding
 from agent.domain.errors import ContextError, ProviderError, RegistryError
 from agent.domain.gates import GateResult
 from agent.domain.mail import CANONICAL_ORDER, AttachmentData, Channel, MessageBody
+from agent.domain.pack import Drift
 from agent.domain.records import DraftRecord
 from agent.domain.states import TaskState
 from agent.domain.task import Task
@@ -47,6 +48,7 @@ from mcp_server.models import (
     IntakeItem,
     IntakeResult,
     MailboxAccess,
+    PackageView,
     ProposalView,
     QueueView,
     ReadBackView,
@@ -108,7 +110,15 @@ def _stored_text(shown: str, prefix: str, task: Task) -> UntrustedText:
     return UntrustedText(text=shown, flags=flags)
 
 
-def task_view(task: Task) -> TaskView:
+def package_view(package: Drift) -> PackageView:
+    return PackageView(
+        version=package.package_version,
+        drift=package.status,
+        differences=list(package.differences),
+    )
+
+
+def task_view(task: Task, package: Drift) -> TaskView:
     return TaskView(
         task_id=task.task_id,
         workspace_id=task.workspace_id,
@@ -153,6 +163,7 @@ def task_view(task: Task) -> TaskView:
         sent_message_id=task.sent_message_id,
         readback_evidence=task.readback_evidence,
         message_count=len(task.messages),
+        package=package_view(package),
         untrusted=UntrustedTaskFields(
             title=untrusted_text(task.title),
             original_subject=untrusted_text(task.original_subject),
@@ -413,7 +424,8 @@ async def get_task_tool(
     server's verdicts on approvers' replies, what was sent and read back. Subjects, names and
     attachment names are in `untrusted`."""
     with mapped_errors():
-        return task_view(load_task(runtime_of(ctx).station.store, task_id))
+        rt = runtime_of(ctx)
+        return task_view(load_task(rt.station.store, task_id), rt.package())
 
 
 async def list_queue_tool(
@@ -424,7 +436,8 @@ async def list_queue_tool(
     with mapped_errors():
         load_context(station.store, workspace_id)
         queue = station.board.list_queue(workspace_id)
-        return QueueView(workspace_id=workspace_id, tasks=[task_view(t) for t in queue])
+        package = runtime_of(ctx).package()
+        return QueueView(workspace_id=workspace_id, tasks=[task_view(t, package) for t in queue])
 
 
 async def transition_task_tool(
@@ -445,9 +458,9 @@ async def transition_task_tool(
         with mapped_errors():
             task = load_task(rt.station.store, task_id)
             if task.state is target:
-                return task_view(task)
+                return task_view(task, rt.package())
             released = closure.release(rt.station.board, task_id, target, evidence, rt.clock)
-    return task_view(released)
+    return task_view(released, rt.package())
 
 
 async def request_approval_tool(

@@ -34,6 +34,8 @@
     |   +-- SendRefused         the gate has blocking reasons (``gate``; replies.py)
     |   +-- AlreadySent         the draft went to these recipients already (``send``; replies.py)
     +-- InvalidRequest          a malformed request its caller can fix
+    +-- PackError               a public pack that cannot be built, verified or installed
+    |                           (``problems``: each names a file and line)
     +-- MailError               an internal mail call refused, with its ``code``
     |                           (agent/domain/internal_mail.py)
     +-- ServeError              a server option that cannot work (mcp_server/http.py)
@@ -231,3 +233,13 @@ class HandoverRefused(GateRefused):
 
 class InvalidRequest(OutloopError):
     """The request itself is malformed in a way its caller can fix (not a refusal)."""
+
+
+class PackError(OutloopError):
+    """A public pack that cannot be built, verified or installed; ``problems`` names each
+    reason at its file and line."""
+
+    def __init__(self, problems: tuple[object, ...]) -> None:
+        shown = "\n".join(f"  {p}" for p in problems)
+        super().__init__(f"{len(problems)} problem(s):\n{shown}")
+        self.problems = problems

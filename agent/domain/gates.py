@@ -221,6 +221,25 @@ def evaluate_send(
     )
 
 
+def check_recipients(
+    context: WorkspaceContext,
+    *,
+    to: Sequence[str],
+    cc: Sequence[str] = (),
+    internal_only: bool = False,
+    owner_evidence: Sequence[OwnerEvidence] = (),
+    others: Iterable[WorkspaceContext] = (),
+) -> tuple[RecipientPlan, tuple[BlockingReason, ...]]:
+    """The send gate's recipient part alone, over verified evidence: To and Cc built from
+    exactly these addresses, each classified, and every reason one blocks the send."""
+    owner = context.work_owner() or "the workspace operator"
+    plan = build_recipients(
+        context, to=to, cc=cc, internal_only=internal_only, owner_evidence=owner_evidence
+    )
+    foreign = foreign_markers(context, others)
+    return plan, tuple(_recipient_blockers(plan, foreign, owner))
+
+
 def _task_blockers(context: WorkspaceContext, task: Task, owner: str) -> list[BlockingReason]:
     """The task must belong to this workspace, pass the licence/grant preflight, and be open."""
     reasons: list[BlockingReason] = []
@@ -410,14 +429,16 @@ def _changes_requested_for(task: Task, digest: str) -> bool:
 
 
 def release_guard(task: Task, closing: bool) -> str | None:
-    """Why the occurrence may not be released yet (None: it may).
+    """Why the occurrence may not be released yet (None: it may)."""
+    return requester_guard(task.requester, task.requester_loop_closed, closing)
 
-    A verified internal requester's loop is closed before release, for partial results too:
-    an internal result or status reply must have been sent first.
-    """
-    if task.requester is not None and not task.requester_loop_closed and closing:
+
+def requester_guard(requester: str | None, loop_closed: bool, closing: bool) -> str | None:
+    """A verified internal requester's loop is closed before release, for partial results
+    too: an internal result or status reply must have been sent first."""
+    if requester is not None and not loop_closed and closing:
         return (
-            f"the internal requester {task.requester} has not had a result or status reply; "
+            f"the internal requester {requester} has not had a result or status reply; "
             "send it (what is complete, what remains) before releasing the occurrence"
         )
     return None

@@ -200,7 +200,7 @@ class Task(BaseModel):
     """The execution keys whose retries block the task; the retry state itself lives on
     those execution records."""
     package_version: str = ""
-    drift_status: str = "in_sync"
+    """The Outloop that created the task; the installed pack and its drift are read live."""
     state_since: datetime | None = None
     """When the task entered its current state (reminders count business days from it)."""
     message_class: str | None = None

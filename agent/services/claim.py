@@ -3,8 +3,10 @@ the one task of its verified thread - in the same transaction."""
 
 from __future__ import annotations
 
+import importlib.metadata
 from collections.abc import Callable, Sequence
 from datetime import datetime
+from functools import cache
 
 from agent.domain.context import WorkspaceContext
 from agent.domain.envelope import Envelope, work_key
@@ -14,7 +16,14 @@ from agent.domain.task import MessageRef, NextAction, new_task_id, normalize_sub
 from agent.ports import Claims
 from agent.services.holder import holder_alive
 
-PACKAGE_VERSION = "outloop-0.1.0"
+
+@cache
+def package_version() -> str:
+    """The Outloop distribution that creates a task (recorded on it)."""
+    try:
+        return "outloop-" + importlib.metadata.version("outloop")
+    except importlib.metadata.PackageNotFoundError:
+        return "outloop-unknown"
 
 
 def task_draft(
@@ -51,7 +60,7 @@ def task_draft(
         project_id=context.task_board.project_id,
         intake_location_id=context.task_board.intake_location_id,
         next_action=NextAction(description="triage the new message", owner=owner),
-        package_version=PACKAGE_VERSION,
+        package_version=package_version(),
     )
 
 

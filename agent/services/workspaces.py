@@ -49,6 +49,11 @@ class DataDir:
         """The workspace's tenant-config.md: its schedule minute and how it was chosen."""
         return self.root / "workspaces" / workspace_id / "tenant-config.md"
 
+    @property
+    def pack(self) -> Path:
+        """Where ``outloop pack install`` installs the public pack by default."""
+        return self.root / "pack"
+
 
 def _bindings(context: WorkspaceContext) -> list[Binding]:
     return [

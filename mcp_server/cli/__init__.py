@@ -15,6 +15,7 @@ from mcp_server.cli.dispatch import dispatch_command
 from mcp_server.cli.fixtures import fixtures
 from mcp_server.cli.login import login_command
 from mcp_server.cli.mail import mail_group
+from mcp_server.cli.pack import pack_group
 from mcp_server.cli.run import run_command
 from mcp_server.cli.schedule import schedule_group
 from mcp_server.cli.sends import sends
@@ -44,6 +45,7 @@ for command in (
     dispatch_command,
     sends,
     mail_group,
+    pack_group,
     demo_command,
     bench,
     serve_command,

@@ -120,7 +120,7 @@ def dispatch_command(
     dispatcher = Dispatcher(
         store=station.store,
         workspace_id=workspace_id,
-        here=installation(),
+        here=installation(station.data_dir.pack),
         clock=SystemClock(),
         plan=_plan(station, workspace_id),
         cycle=_cycle(station, workspace_id, quiet),

@@ -54,7 +54,7 @@ def _verified(data_dir: Path | None, workspace_id: str) -> Verification:
             station.store,
             tenant_config,
             workspace_id,
-            installation(),
+            installation(station.data_dir.pack),
             SystemClock().now(),
         )
         if result is None:

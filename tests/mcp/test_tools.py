@@ -18,7 +18,9 @@ from mcp import Client
 from mcp.types import TextContent, TextResourceContents
 
 from agent.domain.records import TaskAmendment
+from agent.services import pack
 from agent.testing import FrozenClock
+from mcp_server import composition
 from mcp_server.models import UNTRUSTED_NOTICE
 from mcp_server.server import SKILLS, skill_text
 from mcp_server.tools import MAX_BODY_CHARS
@@ -1117,3 +1119,23 @@ async def test_render_attaches_files_by_reference_and_no_tool_carries_their_byte
     assert foreign.is_error
     blob = base64.b64encode(spec).decode()
     assert blob[:40] not in json.dumps(claims) and blob[:40] not in json.dumps(draft)
+
+
+async def test_the_task_record_shows_the_installed_packs_version_and_drift_as_they_are(
+    station: OperatorStation,
+) -> None:
+    async with station.client() as client:
+        _, task_id = await new_task(client, station, sender=CLIENT)
+        before = (await call(client, "get_task", task_id=task_id))["package"]
+        repo = Path(__file__).resolve().parents[2] / "pack"
+        derived = pack.derive(repo / "source", repo / "rename-map.txt", composition.wheel_pin())
+        pack.write_pack(derived, station.root / "built")
+        target = station.root / "data" / "pack"
+        pack.install(station.root / "built", target, composition.running_code())
+        installed = (await call(client, "get_task", task_id=task_id))["package"]
+        (target / "current" / "pack.json").write_text("{}")  # a broken installation
+        broken = (await call(client, "get_task", task_id=task_id))["package"]
+    assert (before["version"], before["drift"]) == (None, "unknown")
+    assert "no pack is installed" in before["differences"][0]
+    assert installed == {"version": "public-2.3-rc.4", "drift": "in_sync", "differences": []}
+    assert broken["drift"] == "unknown" and "not a pack manifest" in broken["differences"][0]
