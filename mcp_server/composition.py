@@ -196,6 +196,7 @@ def open_station(settings: Settings) -> Station:
     data directory; a postgresql:// URL: the shared PostgreSQL database; anything else fails
     naming OUTLOOP_DATABASE_URL) and the mail provider adapters."""
     settings.data_dir.mkdir(parents=True, exist_ok=True)
+    running_code()  # what this process runs, read now: an upgrade on disk later is not it
     data_dir = DataDir(settings.data_dir)
     store = open_store(settings.database_url, data_dir.database)
     return Station(data_dir=data_dir, store=store, provider_for=Providers(settings, store))
@@ -522,8 +523,9 @@ def installation(pack_target: Path | None = None) -> Installation:
 
 @cache
 def running_code() -> tuple[str, dict[str, str]]:
-    """The distribution's version and each of its modules' SHA-256, as this process loaded
-    them (read once: what runs does not change under a process)."""
+    """The distribution's version and each of its modules' SHA-256, read once, when the
+    station opens (what runs does not change under a process; files upgraded on disk after
+    that are not what it runs)."""
     import importlib.metadata  # noqa: PLC0415
     import importlib.util  # noqa: PLC0415
 

@@ -64,7 +64,7 @@ class Runtime:
     """The channel each mailbox's calls go through, opened on first use and kept (an IMAP
     connection is reused); closed when the server stops."""
     retired: list[MailProvider] = field(default_factory=list[MailProvider])
-    _package: tuple[tuple[int, int] | None, Drift] | None = None
+    _package: tuple[tuple[int, ...] | None, Drift] | None = None
 
     _locks: dict[tuple[str, ...], tuple[anyio.Lock, list[int]]] = field(
         default_factory=dict[tuple[str, ...], tuple[anyio.Lock, list[int]]]
@@ -72,11 +72,11 @@ class Runtime:
 
     def package(self) -> Drift:
         """The installed pack against the running code, read again when the installed
-        release changes (its manifest's inode and time)."""
+        release or its manifest changes."""
         target = self.station.data_dir.pack
         try:
             st = (target / "current" / "pack.json").stat()
-            key: tuple[int, int] | None = (st.st_ino, st.st_mtime_ns)
+            key: tuple[int, ...] | None = (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
         except OSError:
             key = None
         if self._package is None or self._package[0] != key:

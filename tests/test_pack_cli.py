@@ -65,7 +65,14 @@ def test_the_repository_pack_builds_from_its_own_source_and_passes_the_leak_gate
     assert manifest.wheel == composition.wheel_pin()
     rename_map, problems = rules.parse_map(MAP.read_text(), MAP.name)
     assert problems == []
-    identity = rules.Identity(tuple(rename_map.forward), rename_map.internal_domains, ())
+    values, _ = pack.context_values(pack.read_tree(SOURCE), rules.Renamer(rename_map.forward))
+    assert {
+        "Tidewater",
+        "Yael Sharon",
+        "tidewater-unresolved",
+        "priya.nair@brightwell-clinics.test",
+    } <= set(values)
+    identity = rules.Identity(tuple(rename_map.forward), rename_map.internal_domains, values)
     for entry in manifest.packages:
         for path, text in contents(built, entry.name).items():
             assert rules.registry_rows(text, yaml=path.endswith(".yaml")) == [], path
@@ -202,6 +209,11 @@ def test_the_helper_commands_answer_with_the_cores_gate_functions_and_store_noth
     assert code == 0 and verdict["release"]["allowed"] is True
     code, verdict = helper(scripts / "recipient_gate.py", {"context": 7})
     assert code == 2 and "Workspace Context file" in verdict["error"]
+    missing = subprocess.run(
+        [sys.executable, str(scripts / "workflow_guards.py"), str(tmp_path / "absent.json")],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert missing.returncode == 2 and "the evidence cannot be read" in missing.stderr
     assert snapshot(tmp_path) == before  # nothing stored, not even bytecode
 
 

@@ -20,8 +20,10 @@ import heapq
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import cast
 
-from pydantic import BaseModel, ConfigDict, Field
+import yaml as yaml_module
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 IDENT = "A-Za-z0-9_-"
 """Characters that continue an identifier: a rename never matches next to one."""
@@ -30,6 +32,8 @@ PUBLIC_VERSION = re.compile(r"public-\d+(?:\.\d+)*(?:-(?:alpha|beta|rc)\.\d+)?")
 PACKAGE_VERSION = re.compile(r"\d+(?:\.\d+)*(?:[-+][0-9A-Za-z.-]+)?")
 RESERVED_DOMAINS = ("example.com", "example.net", "example.org")
 RESERVED_TLDS = ("example", "test", "invalid")
+FILE_SUFFIXES = frozenset({"png", "jpg", "jpeg", "gif", "svg", "webp", "ico", "pdf", "css", "js"})
+"""What ends an asset's name (``logo@2x.png``), not an address."""
 """RFC 2606 and 6761: the only mail domains a public file may show."""
 ADDRESS = re.compile(
     r"[A-Za-z0-9._%+-]+@((?:[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?\.)+[A-Za-z]{2,})"
@@ -222,7 +226,26 @@ def first_line_of(text: str, needle: str) -> int:
     return 0
 
 
+def dependency_line(text: str, name: str) -> int:
+    """The line of a manifest that lists ``name`` as a dependency (its ``depends`` entry,
+    matched as a whole name; 0 when none does)."""
+    pattern = re.compile(rf"(?<![{IDENT}]){re.escape(name)}(?![{IDENT}])")
+    inside = False
+    for number, line in enumerate(text.splitlines(), start=1):
+        if line.startswith("depends"):
+            inside = True
+        elif line[:1] not in (" ", "\t", "-", ""):
+            inside = False
+        if inside and pattern.search(line.partition("#")[0]):
+            return number
+    return 0
+
+
 # -- packages, dependencies and the installation order ------------------------------------
+
+
+NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"
+"""A package name: also a directory name, so never ``.``, ``..`` or a path."""
 
 
 class PackageManifest(BaseModel):
@@ -230,7 +253,7 @@ class PackageManifest(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    name: str = Field(pattern=r"^[A-Za-z0-9_.-]+$")
+    name: str = Field(pattern=NAME_PATTERN)
     version: str = Field(pattern=f"^{PACKAGE_VERSION.pattern}$")
     description: str = ""
     depends: tuple[str, ...] = ()
@@ -258,14 +281,14 @@ def dependency_problems(
                 problems.append(
                     Problem(
                         path,
-                        first_line_of(text, dep),
+                        dependency_line(text, dep),
                         f"{name} depends on {dep!r}, which is not a package of this "
                         f"distribution (it has: {', '.join(sorted(known))})",
                     )
                 )
             elif dep == name:
                 problems.append(
-                    Problem(path, first_line_of(text, dep), f"{name} depends on itself")
+                    Problem(path, dependency_line(text, dep), f"{name} depends on itself")
                 )
     return problems
 
@@ -329,7 +352,7 @@ def reserved(domain: str) -> bool:
 
 def leaks(path: str, text: str, identity: Identity) -> list[Problem]:
     """Everything in one public file (its path included) that would leak the source."""
-    yaml = path.endswith((".yaml", ".yml"))
+    yaml = path.endswith((".yaml", ".yml", ".json"))
     problems = [Problem(path, n, m) for n, m in registry_rows(text, yaml=yaml)]
     for number, line in enumerate([path, *text.splitlines()]):
         problems.extend(Problem(path, number, m) for m in _line_leaks(line, identity))
@@ -339,6 +362,8 @@ def leaks(path: str, text: str, identity: Identity) -> list[Problem]:
 def _line_leaks(line: str, identity: Identity) -> list[str]:
     found: list[str] = []
     for match in ADDRESS.finditer(line):
+        if match.group(1).rsplit(".", 1)[-1].lower() in FILE_SUFFIXES:
+            continue
         if not reserved(match.group(1)):
             found.append(
                 f"the address {match.group(0)!r} is outside the reserved example domains "
@@ -356,48 +381,100 @@ def _line_leaks(line: str, identity: Identity) -> list[str]:
     return found
 
 
-_TABLE_ROW = re.compile(r"^\s*\|(.*)\|\s*$")
 _SEPARATOR = re.compile(r"^[\s|:-]+$")
-_YAML_REGISTRY = re.compile(r"^(\s*)(?:registry|workspaces)\s*:\s*(.*)$")
+_FENCE = re.compile(r"^\s*(```|~~~)\s*([A-Za-z]*)")
+REGISTRY_KEYS = frozenset({"registry", "workspaces"})
+_EMPTY = "the public registry ships empty"
 
 
 def registry_rows(text: str, yaml: bool = False) -> list[tuple[int, str]]:
-    """Rows of a workspace registry: a Markdown table headed with ``Workspace ID``, or (in
-    a YAML file) a ``registry:``/``workspaces:`` key with entries. The public registry is
-    empty."""
-    rows: list[tuple[int, str]] = []
-    in_registry = False
-    yaml_indent: int | None = None
-    for number, line in enumerate(text.splitlines(), start=1):
-        cells = _TABLE_ROW.match(line)
-        if cells is None:
-            in_registry = False
-        elif (
-            in_registry and not _SEPARATOR.fullmatch(cells.group(1)) and cells.group(1).strip(" |")
-        ):
-            rows.append((number, "a workspace registry row: the public registry ships empty"))
-        elif "workspace id" in cells.group(1).lower():
-            in_registry = True
-        if not yaml:
-            continue
-        yaml_indent, found = _yaml_registry_step(line, yaml_indent)
-        if found:
-            rows.append((number, "a workspace registry entry: the public registry ships empty"))
+    """Rows of a workspace registry: a Markdown table headed with ``Workspace ID`` that has
+    rows, or (in a YAML or JSON file, or a fenced YAML/JSON block) a ``registry`` or
+    ``workspaces`` key holding entries. The public registry is empty."""
+    if yaml:
+        return _structured_rows(text, 0)
+    rows = _table_rows(text)
+    for first, block in _fenced_blocks(text):
+        rows += _structured_rows(block, first)
     return rows
 
 
-def _yaml_registry_step(line: str, indent: int | None) -> tuple[int | None, bool]:
-    """One line of a YAML registry key: (the key's indent while inside it, an entry here)."""
-    key = _YAML_REGISTRY.match(line)
-    if key is not None:
-        value = key.group(2).split("#", 1)[0].strip()
-        return len(key.group(1)), value not in ("", "[]", "{}", "null", "~")
-    if indent is None or not line.strip() or line.lstrip().startswith("#"):
-        return indent, False
-    depth = len(line) - len(line.lstrip())
-    if depth <= indent and not line.lstrip().startswith("-"):
-        return None, False
-    return indent, depth > indent or line.lstrip().startswith("-")
+def _table_rows(text: str) -> list[tuple[int, str]]:
+    rows: list[tuple[int, str]] = []
+    in_registry = False
+    for number, line in enumerate(text.splitlines(), start=1):
+        if "|" not in line:
+            in_registry = False
+            continue
+        cells = [c.strip().lower() for c in line.strip().strip("|").split("|")]
+        if in_registry and not _SEPARATOR.fullmatch(line) and any(cells):
+            rows.append((number, f"a workspace registry row: {_EMPTY}"))
+        elif "workspace id" in cells:
+            in_registry = True
+    return rows
+
+
+def _fenced_blocks(text: str) -> list[tuple[int, str]]:
+    """Each fenced YAML or JSON block with the line number before its first line."""
+    blocks: list[tuple[int, str]] = []
+    lines = text.splitlines()
+    opened: tuple[int, str] | None = None
+    for number, line in enumerate(lines, start=1):
+        fence = _FENCE.match(line)
+        if fence is None:
+            continue
+        if opened is None:
+            opened = (number, fence.group(2).lower())
+        else:
+            if opened[1] in ("yaml", "yml", "json"):
+                blocks.append((opened[0], "\n".join(lines[opened[0] : number - 1])))
+            opened = None
+    return blocks
+
+
+def _structured_rows(text: str, offset: int) -> list[tuple[int, str]]:
+    try:
+        loaded: object = yaml_module.safe_load(text)
+    except yaml_module.YAMLError:
+        loaded = None
+    keys = sorted(_registry_keys(loaded))
+    rows: list[tuple[int, str]] = []
+    for key in keys:
+        line = _key_line(text, key)
+        rows.append((offset + line, f"a workspace registry entry under {key!r}: {_EMPTY}"))
+    return rows
+
+
+def _registry_keys(node: object) -> set[str]:
+    """The registry keys in a parsed document that hold entries (a non-empty list, or a
+    mapping of mappings or lists)."""
+    found: set[str] = set()
+    if isinstance(node, dict):
+        for key, value in cast("dict[object, object]", node).items():
+            if str(key).lower() in REGISTRY_KEYS and _holds_entries(value):
+                found.add(str(key))
+            found |= _registry_keys(value)
+    elif isinstance(node, list):
+        for item in cast("list[object]", node):
+            found |= _registry_keys(item)
+    return found
+
+
+def _holds_entries(value: object) -> bool:
+    if isinstance(value, list):
+        return bool(cast("list[object]", value))
+    if isinstance(value, dict):
+        values = cast("dict[object, object]", value).values()
+        return any(isinstance(v, dict | list) for v in values)
+    return False
+
+
+def _key_line(text: str, key: str) -> int:
+    pattern = re.compile(rf"""(?:^|[\s{{,"'-]){re.escape(key)}["']?\s*:""")
+    for number, line in enumerate(text.splitlines(), start=1):
+        if pattern.search(line):
+            return number
+    return 1
 
 
 # -- the pack's manifest and drift ----------------------------------------------------------
@@ -414,18 +491,24 @@ class WheelPin(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     kind: str = WHEEL_KIND
-    name: str
+    name: str = Field(pattern=NAME_PATTERN)
     version: str
     code_sha256: str
     files: dict[str, str]
+
+    @model_validator(mode="after")
+    def _digest_is_of_the_files(self) -> WheelPin:
+        if self.code_sha256 != code_digest(self.files):
+            raise ValueError("code_sha256 is not the digest of the files it lists")
+        return self
 
 
 class PackageEntry(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     kind: str = PACKAGE_KIND
-    name: str
-    version: str
+    name: str = Field(pattern=NAME_PATTERN)
+    version: str = Field(pattern=f"^{PACKAGE_VERSION.pattern}$")
     depends: tuple[str, ...]
     archive: str
     sha256: str
@@ -448,7 +531,7 @@ class PackManifest(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     format: str = "outloop-pack/1"
-    public_version: str
+    public_version: str = Field(pattern=f"^{PUBLIC_VERSION.pattern}$")
     source: Source
     wheel: WheelPin
     packages: tuple[PackageEntry, ...]

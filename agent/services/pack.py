@@ -16,6 +16,7 @@ import gzip
 import io
 import json
 import os
+import re
 import shutil
 import subprocess
 import tarfile
@@ -53,11 +54,20 @@ CURRENT = "current"
 RELEASES = "releases"
 ARCHIVE_MTIME = 315532800
 """Every archive entry's time: 1980-01-01, whatever day the build runs."""
-CONTEXT_KEYS = frozenset(
-    {"workspace_id", "label", "name", "mailbox_id", "address", "escalation_contact",
-     "granted_by", "project_id", "bind_to", "default_cc", "signature"}
+VOCABULARY_KEYS = frozenset(
+    {"timezone", "language", "provider", "side", "verified_by", "roles", "scope", "class",
+     "licence", "client_send_policy", "tone", "weekend", "accepted", "intake_location_id",
+     "security", "shared", "receipt_ack", "reminder_business_days", "task_owner_evidence",
+     "max_per_recipient_per_day", "holidays", "official", "port"}
 )  # fmt: skip
-"""The keys of a workspace context whose values name a tenant (addresses are found anywhere)."""
+"""Workspace Context keys whose values are the product's vocabulary (an enum, a setting),
+not the tenant's: every other string of a context names the tenant."""
+NAME_KEYS = frozenset({"label", "name", "signature"})
+"""Keys whose values are also searched for word by word (a first name, a company name)."""
+COMMON_WORDS = frozenset(
+    {"team", "desk", "support", "office", "front", "dispatch", "service", "services", "client",
+     "clients", "mail", "inbox", "help", "sales", "the", "and", "for", "with", "workspace"}
+)  # fmt: skip
 
 Say = Callable[[str], None]
 
@@ -96,6 +106,7 @@ def source_commit(source: Path, rename_map: Path) -> str | None:
     git = shutil.which("git")
     if git is None:
         return None
+    source, rename_map = source.resolve(), rename_map.resolve()
     try:
         head = subprocess.run(  # noqa: S603 - git, with paths we were given
             [git, "-C", str(source), "rev-parse", "HEAD"], capture_output=True, text=True,
@@ -110,8 +121,12 @@ def source_commit(source: Path, rename_map: Path) -> str | None:
     return head if head and not dirty else None
 
 
-def context_values(tree: Mapping[str, bytes]) -> tuple[tuple[str, ...], list[Problem]]:
-    """The names and addresses the source's workspace contexts hold (and their domains)."""
+def context_values(
+    tree: Mapping[str, bytes], forward: Renamer
+) -> tuple[tuple[str, ...], list[Problem]]:
+    """Every name and address the source's workspace contexts hold: each string value of
+    a key that is not product vocabulary (keys read after renaming, as the product reads
+    them), each word of a name or label, each address and its domain."""
     values: set[str] = set()
     problems: list[Problem] = []
     for path, data in tree.items():
@@ -122,27 +137,36 @@ def context_values(tree: Mapping[str, bytes]) -> tuple[tuple[str, ...], list[Pro
         except (yaml.YAMLError, UnicodeDecodeError) as exc:
             problems.append(Problem(path, 0, f"not a readable workspace context: {exc}"))
             continue
-        values.update(_tenant_strings(loaded))
+        values.update(_tenant_strings(loaded, forward))
     return tuple(sorted(v for v in values if len(v) >= 3)), problems
 
 
-def _tenant_strings(node: object, key: str = "") -> set[str]:
+def _tenant_strings(node: object, forward: Renamer, key: str = "") -> set[str]:
     found: set[str] = set()
     if isinstance(node, dict):
-        items = cast("dict[object, object]", node)
-        for k, v in items.items():
-            found |= _tenant_strings(v, str(k))
+        for k, v in cast("dict[object, object]", node).items():
+            found |= _tenant_strings(v, forward, forward(str(k)))
     elif isinstance(node, list):
         for item in cast("list[object]", node):
-            found |= _tenant_strings(item, key)
+            found |= _tenant_strings(item, forward, key)
     elif isinstance(node, str):
-        if key in CONTEXT_KEYS:
-            found.add(node.strip())
-        for match in pack.ADDRESS.finditer(node):
-            found.add(match.group(0))
-            domain = match.group(1).lower()
-            if domain not in pack.RESERVED_DOMAINS:
-                found.add(domain)
+        found |= _strings_of(node.strip(), key)
+    return found
+
+
+def _strings_of(value: str, key: str) -> set[str]:
+    found: set[str] = set()
+    if key not in VOCABULARY_KEYS:
+        found.add(value)
+    if key in NAME_KEYS:
+        words = re.findall(r"[^\W\d_]{4,}", value)
+        found |= {w for w in words if w.lower() not in COMMON_WORDS}
+    for match in pack.ADDRESS.finditer(value):
+        found.add(match.group(0))
+        domain = match.group(1).lower()
+        if domain not in pack.RESERVED_DOMAINS:
+            found.add(domain)
+            found.add(domain.split(".", 1)[0])
     return found
 
 
@@ -230,6 +254,7 @@ class _Build:
                     f"the package is named {manifest.name!r} but its directory gives {name!r}",
                 )
             )
+            return None
         inner = {p.removeprefix(name + "/"): d for p, d in files.items()}
         return _Package(name, manifest, f"{root}/{PACKAGE_MANIFEST}", text, inner)
 
@@ -252,7 +277,7 @@ def derive(
     packages = build.packages()
     say(f"renamed and round-tripped {len(packages)} packages")
     order = _order(build, packages, wheel)
-    values, context_problems = context_values(tree)
+    values, context_problems = context_values(tree, build.forward)
     build.problems.extend(context_problems)
     identity = Identity(
         internal_names=tuple(rename_map.forward),
@@ -301,12 +326,18 @@ def _public_version(build: _Build) -> str:
 def _order(build: _Build, packages: list[_Package], wheel: WheelPin) -> list[str]:
     manifests = {p.name: (p.manifest, p.manifest_path, p.manifest_text) for p in packages}
     build.problems.extend(pack.dependency_problems(manifests, [wheel.name]))
+    build.problems.extend(
+        Problem(p.manifest_path, pack.first_line_of(p.manifest_text, "name:"),
+                f"a package may not be named {wheel.name!r}: that is the pinned wheel's name")
+        for p in packages
+        if p.name == wheel.name
+    )  # fmt: skip
     graph: dict[str, tuple[str, ...]] = {p.name: p.manifest.depends for p in packages}
     graph[wheel.name] = ()
     order, cycle = pack.install_order(graph)
     if cycle is not None:
         first = next(p for p in packages if p.name == cycle[0])
-        line = pack.first_line_of(first.manifest_text, cycle[1])
+        line = pack.dependency_line(first.manifest_text, cycle[1])
         build.problems.append(
             Problem(first.manifest_path, line, "a dependency cycle: " + " -> ".join(cycle))
         )
@@ -406,22 +437,42 @@ def read_manifest(pack_dir: Path) -> PackManifest:
         raise PackError((Problem(str(path), 0, f"not a pack manifest: {exc}"),)) from None
 
 
-def verify(pack_dir: Path, source_dir: Path, map_path: Path, say: Say = _quiet) -> list[Problem]:
-    """Every difference between the pack and the pack derived again from source and map
-    (with the pack's own wheel pin and commit: the inputs a source tree does not hold)."""
-    shipped = read_manifest(pack_dir)
-    again = derive(source_dir, map_path, shipped.wheel, shipped.source.commit, say)
+def verify(
+    pack_dir: Path, source_dir: Path, map_path: Path, wheel: WheelPin, say: Say = _quiet
+) -> list[Problem]:
+    """Every difference between the pack and the pack derived again from the source, the
+    map and ``wheel`` (the running Outloop), with the source's own commit."""
+    commit = source_commit(source_dir, map_path)
+    again = derive(source_dir, map_path, wheel, commit, say)
     have = read_tree(pack_dir)
-    problems = [
-        Problem(p, 0, "missing from the pack") for p in sorted(set(again.files) - set(have))
-    ]
-    problems += [
-        Problem(p, 0, "not part of the pack") for p in sorted(set(have) - set(again.files))
-    ]
-    for path in sorted(set(have) & set(again.files)):
+    try:
+        problems = _input_problems(read_manifest(pack_dir), again.manifest)
+    except PackError as exc:
+        problems = [p for p in exc.problems if isinstance(p, Problem)]
+    want = set(again.files)
+    problems += [Problem(p, 0, "missing from the pack") for p in sorted(want - set(have))]
+    problems += [Problem(p, 0, "not part of the pack") for p in sorted(set(have) - want)]
+    for path in sorted(set(have) & want):
         if have[path] != again.files[path]:
             problems.append(_first_difference(path, have[path], again.files[path]))
     problems += sum_problems(pack_dir, have)
+    return problems
+
+
+def _input_problems(shipped: PackManifest, derived: PackManifest) -> list[Problem]:
+    """What the pack says about its inputs that the source and the running code do not."""
+    problems: list[Problem] = []
+    if shipped.wheel != derived.wheel:
+        problems.append(
+            Problem(PACK_JSON, 0, f"it pins outloop {shipped.wheel.version} (code "
+                    f"{shipped.wheel.code_sha256[:12]}); the running Outloop is "
+                    f"{derived.wheel.version} (code {derived.wheel.code_sha256[:12]})")
+        )  # fmt: skip
+    if shipped.source != derived.source:
+        problems.append(
+            Problem(PACK_JSON, 0, f"it names the source {shipped.source.model_dump()}; the "
+                    f"source given is {derived.source.model_dump()}")
+        )  # fmt: skip
     return problems
 
 
@@ -583,22 +634,41 @@ def install(
                      "pass --accept-drift to install it anyway (tasks then show it drifted)"),)
         )  # fmt: skip
     release = manifest.release()
-    previous = current_release(target)
+    previous = _previous(target)
     final = target / RELEASES / release
-    if not final.exists():
-        _stage(target, final, manifest, contents, say)
+    if not final.is_dir():
+        _stage(final, manifest, contents, say)
     _switch(target, final)
     return Installed(release, final, previous, manifest.install_order)
 
 
+def _previous(target: Path) -> str | None:
+    """The release ``current`` names; refused when ``current`` is something else (a
+    directory or file an install did not make: never replaced)."""
+    current = target / CURRENT
+    if current.exists() and not current.is_symlink():
+        raise PackError(
+            (Problem(str(current), 0, "is not an installation's link: move it away first"),)
+        )
+    return current_release(target)
+
+
+def _directory(path: Path) -> None:
+    """``path`` and its missing parents, each readable by all (whatever the umask)."""
+    missing = [p for p in (path, *path.parents) if not p.exists()]
+    for folder in reversed(missing):
+        folder.mkdir(exist_ok=True)
+        folder.chmod(0o755)
+
+
 def _stage(
-    target: Path,
     final: Path,
     manifest: PackManifest,
     contents: Mapping[str, Mapping[str, bytes]],
     say: Say,
 ) -> None:
-    final.parent.mkdir(parents=True, exist_ok=True)
+    """Write the release beside its final place, synced, then rename it there."""
+    _directory(final.parent)
     staging = Path(tempfile.mkdtemp(prefix=".staging-", dir=final.parent))
     staging.chmod(0o755)
     try:
@@ -609,15 +679,17 @@ def _stage(
                 continue
             for path, data in sorted(contents[name].items()):
                 out = staging / name / path
-                out.parent.mkdir(mode=0o755, parents=True, exist_ok=True)
+                _directory(out.parent)
                 out.write_bytes(data)
                 out.chmod(0o755 if path.startswith("scripts/") else 0o644)
             say(f"{step}/{len(manifest.install_order)} {name}: {len(contents[name])} files")
         (staging / PACK_JSON).write_text(
             json.dumps(manifest.model_dump(mode="json"), indent=2) + "\n"
         )
+        (staging / PACK_JSON).chmod(0o644)
         _fsync_tree(staging)
         staging.rename(final)
+        _fsync_directory(final.parent)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
@@ -637,7 +709,11 @@ def _switch(target: Path, final: Path) -> None:
         link.unlink()
     link.symlink_to(Path(RELEASES) / final.name)
     link.replace(target / CURRENT)
-    fd = os.open(target, os.O_RDONLY)
+    _fsync_directory(target)
+
+
+def _fsync_directory(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
     finally:
@@ -654,6 +730,8 @@ def current_release(target: Path) -> str | None:
 def status(target: Path, running: tuple[str, Mapping[str, str]]) -> Drift:
     """The installed pack against the running code: what a task record shows."""
     current = target / CURRENT
+    if current.is_symlink() and not current.exists():
+        return pack.unknown_drift(f"the installed release {current.readlink()} is missing")
     if not current.exists():
         return pack.unknown_drift(f"no pack is installed in {target}")
     try:

@@ -116,11 +116,12 @@ def _summary(manifest: pack.PackManifest, out_dir: Path) -> dict[str, Any]:
 @click.argument("pack_dir", type=click.Path(file_okay=False, path_type=Path))
 @_source_options
 def verify_command(pack_dir: Path, source: Path | None, rename_map: Path | None) -> None:
-    """Derive the pack again from the source and map and compare every byte and checksum
-    with PACK_DIR. Exit 0 when identical, 1 naming each difference."""
+    """Derive the pack again from the source, the map and the running Outloop (the pinned
+    wheel) and compare every byte and checksum with PACK_DIR. Exit 0 when identical, 1
+    naming each difference."""
     source, rename_map = _inputs(source, rename_map)
     try:
-        differences = pack.verify(pack_dir, source, rename_map, _say)
+        differences = pack.verify(pack_dir, source, rename_map, composition.wheel_pin(), _say)
     except PackError as exc:
         _problems(exc)
     if differences:

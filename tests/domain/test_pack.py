@@ -159,13 +159,26 @@ def test_the_leak_gate_passes_reserved_domains_and_an_empty_registry() -> None:
 
 
 def test_a_yaml_registry_with_entries_is_a_leak_and_an_empty_one_is_not() -> None:
-    assert pack.leaks("c/defaults.yaml", "registry: []\nother: 1\n", IDENTITY) == []
+    assert pack.leaks("c/defaults.yaml", "registry: []\nworkspaces: {max: 5}\n", IDENTITY) == []
     planted = pack.leaks(
-        "c/defaults.yaml", "registry:\n  - workspace_id: ws-9\nother: 1\n", IDENTITY
+        "c/defaults.yaml", "other: 1\nregistry:\n  - workspace_id: ws-9\n", IDENTITY
     )
     assert [p.line for p in planted] == [2]
-    inline = pack.leaks("c/defaults.yaml", "registry: [ws-9]\n", IDENTITY)
-    assert [p.line for p in inline] == [1]
+    nested = pack.leaks("c/x.yaml", "items:\n  - workspaces:\n      ws-9: {label: A}\n", IDENTITY)
+    assert [p.line for p in nested] == [2]
+    as_json = pack.leaks("c/reg.json", '{"a": 1,\n "registry": [{"id": "ws-9"}]}', IDENTITY)
+    assert [p.line for p in as_json] == [2]
+
+
+def test_a_registry_in_a_fenced_block_or_a_table_without_outer_pipes_is_a_leak() -> None:
+    fenced = "# Setup\n\n```yaml\nother: 1\nregistry: [ws-9]\n```\n"
+    assert [p.line for p in pack.leaks("g/SKILL.md", fenced, IDENTITY)] == [5]
+    bare = "Workspace label | Workspace ID\n--- | ---\nAcme | ws-1\n"
+    assert [p.line for p in pack.leaks("g/SKILL.md", bare, IDENTITY)] == [3]
+
+
+def test_an_asset_name_with_an_at_sign_is_not_an_address() -> None:
+    assert pack.leaks("g/SKILL.md", "![logo](img/logo@2x.png)\n", IDENTITY) == []
 
 
 def test_a_path_that_leaks_is_found_too() -> None:

@@ -104,6 +104,11 @@ class Sample:
         pack.write_pack(self.derive(), out)
         return out
 
+    def refused_at(self, start: str) -> None:
+        """The build fails, and one problem reads ``start...`` (its file, line and why)."""
+        problems = self.refused()
+        assert any(p.startswith(start) for p in problems), problems
+
     def refused(self) -> list[str]:
         with pytest.raises(PackError) as caught:
             self.derive()
@@ -216,19 +221,21 @@ def test_a_rename_that_would_collide_fails_the_build_at_the_map_line(sample: Sam
 
 def test_a_rename_ambiguous_in_reverse_fails_the_build(sample: Sample) -> None:
     sample.map.write_text(MAP + "outloop -> outloop-public\n")
-    assert any("ambiguous in reverse" in p for p in sample.refused())
+    assert any(
+        p.startswith("rename-map.txt:1: 'outloop' is a public name and an internal one: "
+                     "ambiguous in reverse")
+        for p in sample.refused()
+    )  # fmt: skip
 
 
 def test_a_dependency_outside_the_distribution_fails_the_build_at_its_line(sample: Sample) -> None:
     sample.edit(
         "harbor-access-fallback/package.yaml", "depends: [harbor]", "depends: [harbor, harbor-crm]"
     )
-    problems = sample.refused()
-    assert any(
-        p.startswith("harbor-access-fallback/package.yaml:3: outloop-access-fallback depends on "
-                     "'harbor-crm', which is not a package of this distribution")
-        for p in problems
-    ), problems  # fmt: skip
+    sample.refused_at(
+        "harbor-access-fallback/package.yaml:3: outloop-access-fallback depends on "
+        "'harbor-crm', which is not a package of this distribution"
+    )
 
 
 def test_a_dependency_cycle_fails_the_build_naming_the_cycle(sample: Sample) -> None:
@@ -237,11 +244,10 @@ def test_a_dependency_cycle_fails_the_build_naming_the_cycle(sample: Sample) -> 
         "depends: [harbor, harbor-email-lifecycle]",
     )  # fmt: skip
     problems = sample.refused()
-    assert any(
-        "a dependency cycle: outloop-email-lifecycle -> outloop-workspace-bootstrapper -> "
-        "outloop-email-lifecycle" in p
-        for p in problems
-    ), problems
+    assert (
+        "harbor-email-lifecycle/package.yaml:6: a dependency cycle: outloop-email-lifecycle -> "
+        "outloop-workspace-bootstrapper -> outloop-email-lifecycle"
+    ) in problems, problems
 
 
 @pytest.mark.parametrize(
@@ -255,7 +261,7 @@ def test_a_dependency_cycle_fails_the_build_naming_the_cycle(sample: Sample) -> 
         (
             "harbor-workspace-bootstrapper/config/defaults.yaml",
             "  - ws-acme\n",
-            "harbor-workspace-bootstrapper/config/defaults.yaml:4: a workspace registry entry",
+            "harbor-workspace-bootstrapper/config/defaults.yaml:3: a workspace registry entry",
         ),
         (
             "harbor-access-fallback/SKILL.md",
@@ -303,7 +309,17 @@ def test_a_file_that_is_not_text_fails_the_build(sample: Sample) -> None:
 
 def test_verify_accepts_the_pack_it_derives_again(sample: Sample, tmp_path: Path) -> None:
     out = sample.build(tmp_path / "out")
-    assert pack.verify(out, sample.source, sample.map) == []
+    assert pack.verify(out, sample.source, sample.map, WHEEL) == []
+
+
+def resum(out: Path) -> None:
+    """Recompute SHA256SUMS, as someone who tampered with the pack would."""
+    lines = [
+        f"{rules.sha256(p.read_bytes())}  {p.relative_to(out).as_posix()}\n"
+        for p in sorted(out.rglob("*"))
+        if p.is_file() and p.name != "SHA256SUMS"
+    ]
+    (out / "SHA256SUMS").write_text("".join(lines))
 
 
 def tamper_byte(out: Path) -> None:
@@ -318,10 +334,12 @@ def tamper_byte(out: Path) -> None:
             info.size = len(data)
             tar.addfile(info, io.BytesIO(data))
     archive.write_bytes(gzip.compress(raw.getvalue(), mtime=0))
+    resum(out)
 
 
 def tamper_added(out: Path) -> None:
     (out / "packages" / "extra.tar.gz").write_bytes(b"not mine")
+    resum(out)
 
 
 def tamper_dependency(out: Path) -> None:
@@ -330,12 +348,27 @@ def tamper_dependency(out: Path) -> None:
         if entry["name"] == "outloop-email-lifecycle":
             entry["depends"].remove("outloop-access-fallback")
     (out / "pack.json").write_text(json.dumps(manifest, indent=2) + "\n")
+    resum(out)
+
+
+def tamper_escape(out: Path) -> None:
+    manifest = json.loads((out / "pack.json").read_text())
+    manifest["public_version"] = "../../escaped"
+    (out / "pack.json").write_text(json.dumps(manifest, indent=2) + "\n")
+    resum(out)
 
 
 TAMPERS = {
     "one byte changed": tamper_byte,
     "a file added": tamper_added,
     "a dependency removed": tamper_dependency,
+    "a release path leaving the target": tamper_escape,
+}
+WHY = {
+    "one byte changed": "missing or not the archive pack.json names",
+    "a file added": "not a package pack.json names",
+    "a dependency removed": "its package.yaml is not what pack.json says",
+    "a release path leaving the target": "not a pack manifest",
 }
 
 
@@ -350,10 +383,12 @@ def test_a_tampered_pack_fails_verify_and_install_and_the_previous_installation_
     sample.edit("harbor-access-fallback/SKILL.md", "# Access", "# Access (new)")
     bad = sample.build(tmp_path / "bad")
     TAMPERS[tamper](bad)
-    assert pack.verify(bad, sample.source, sample.map) != []
-    with pytest.raises(PackError):
+    assert pack.verify(bad, sample.source, sample.map, WHEEL) != []
+    with pytest.raises(PackError) as caught:
         pack.install(bad, target, RUNNING)
+    assert WHY[tamper] in str(caught.value)
     assert files_of(target) == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bad", "good", "installed", "sample"]
     assert pack.current_release(target) == first.release
     assert [p.name for p in (target / "releases").iterdir()] == [first.release]
 
@@ -363,9 +398,9 @@ def test_verify_names_the_file_inside_an_archive_that_differs(
 ) -> None:
     out = sample.build(tmp_path / "out")
     tamper_byte(out)
-    problems = [str(p) for p in pack.verify(out, sample.source, sample.map)]
+    problems = [str(p) for p in pack.verify(out, sample.source, sample.map, WHEEL)]
     assert any("!outloop-access-fallback/SKILL.md:3: differs" in p for p in problems), problems
-    assert any("its SHA-256 is not the one SHA256SUMS lists" in p for p in problems), problems
+    assert any(p.startswith("SHA256SUMS:2: differs") for p in problems), problems
 
 
 def test_install_switches_to_the_new_release_and_keeps_the_previous_one(
@@ -425,3 +460,91 @@ def test_build_refuses_an_output_directory_that_holds_something(
     with pytest.raises(PackError, match="not an empty directory"):
         sample.build(out)
     assert [p.name for p in out.iterdir()] == ["keep.txt"]
+
+
+def test_a_failure_while_writing_the_release_leaves_the_previous_installation(
+    sample: Sample, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    target = tmp_path / "installed"
+    first = pack.install(sample.build(tmp_path / "a"), target, RUNNING)
+    before = files_of(target)
+    sample.edit("harbor-access-fallback/SKILL.md", "# Access", "# Access (new)")
+    newer = sample.build(tmp_path / "b")
+
+    def disk_full(_: Path) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(pack, "_fsync_tree", disk_full)
+    with pytest.raises(OSError, match="No space left"):
+        pack.install(newer, target, RUNNING)
+    assert files_of(target) == before
+    assert pack.current_release(target) == first.release
+    assert [p.name for p in (target / "releases").iterdir()] == [first.release]  # no staging
+
+
+def test_install_refuses_to_replace_a_current_it_did_not_make(
+    sample: Sample, tmp_path: Path
+) -> None:
+    target = tmp_path / "installed"
+    (target / "current").mkdir(parents=True)
+    (target / "current" / "mine.txt").write_text("kept")
+    with pytest.raises(PackError, match="not an installation's link"):
+        pack.install(sample.build(tmp_path / "out"), target, RUNNING)
+    assert (target / "current" / "mine.txt").read_text() == "kept"
+
+
+def test_a_package_named_otherwise_than_its_directory_fails_the_build_at_its_line(
+    sample: Sample,
+) -> None:
+    sample.edit(
+        "harbor-access-fallback/package.yaml", "name: harbor-access-fallback", "name: harbor-access"
+    )
+    sample.refused_at(
+        "harbor-access-fallback/package.yaml:1: the package is named 'harbor-access' but its "
+        "directory gives 'outloop-access-fallback'"
+    )
+
+
+def test_a_package_named_like_the_pinned_wheel_fails_the_build(sample: Sample) -> None:
+    sample.write("harbor/package.yaml", "name: harbor\nversion: 1.0.0\n")
+    assert any(
+        p.startswith("harbor/package.yaml:1: a package may not be named 'outloop'")
+        for p in sample.refused()
+    )
+
+
+def test_verify_refuses_a_pack_pinned_to_another_outloop(sample: Sample, tmp_path: Path) -> None:
+    out = sample.build(tmp_path / "out")
+    files = {**FILES, "agent/domain/gates.py": "c" * 64}
+    other = WheelPin(
+        name="outloop", version="1.0.0", code_sha256=rules.code_digest(files), files=files
+    )
+    problems = [str(p) for p in pack.verify(out, sample.source, sample.map, other)]
+    assert any(p.startswith("pack.json: it pins outloop 1.0.0 (code ") for p in problems), problems
+
+
+def test_a_wheel_pin_whose_digest_is_not_its_files_is_refused() -> None:
+    with pytest.raises(ValueError, match="not the digest of the files"):
+        WheelPin(name="outloop", version="1.0.0", code_sha256="0" * 64, files=FILES)
+
+
+def test_the_leak_gate_knows_every_tenant_value_and_word_of_the_contexts(sample: Sample) -> None:
+    sample.write(
+        "contexts/tidewater.yaml",
+        "workspace_id: ws-tidewater-7c21\nlabel: Tidewater Freight dispatch desk\n"
+        "hbx_escalation_contact: omer.katz@harborline.test\n"
+        "unresolved_queue: tidewater-unresolved\ntimezone: Asia/Jerusalem\n"
+        "mailboxes:\n  - {mailbox_id: desk@harborline.test, provider: maildir, path: /srv/mail/tw}\n"
+        "contacts:\n  - {address: yael.sharon@tidewater-freight.test, name: Yael Sharon, side: client}\n",
+    )
+    found, _ = pack.context_values(
+        pack.read_tree(sample.source), Renamer(rules.parse_map(MAP, "m")[0].forward)
+    )
+    for value in ("Tidewater", "Freight", "Yael", "Sharon", "tidewater-unresolved", "/srv/mail/tw",
+                  "omer.katz@harborline.test", "tidewater-freight", "ws-tidewater-7c21"):  # fmt: skip
+        assert value in found, value
+    for vocabulary in ("Asia/Jerusalem", "maildir", "client", "desk", "dispatch"):
+        assert vocabulary not in found, vocabulary
+    target = sample.source / "harbor-access-fallback" / "SKILL.md"
+    target.write_text(target.read_text() + "Yael asked.\n")
+    assert any("'Yael', a name or address" in p for p in sample.refused())

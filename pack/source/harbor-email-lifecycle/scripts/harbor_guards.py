@@ -25,7 +25,7 @@ from typing import Any
 
 sys.dont_write_bytecode = True  # a helper stores nothing, not even compiled bytecode
 
-from hb_evidence import HbEvidenceError, context_at, finish, flag, read_evidence, refuse, strings  # noqa: E402
+from hb_evidence import HbEvidenceError, context_at, flag, run, strings  # noqa: E402
 
 from agent.domain import gates  # noqa: E402
 
@@ -59,13 +59,5 @@ def hb_evaluate_guards(evidence: dict[str, Any]) -> tuple[dict[str, Any], bool]:
     return verdict, release is not None or bool(refused) or bool(foreign)
 
 
-def main(argv: list[str]) -> int:
-    try:
-        verdict, blocked = hb_evaluate_guards(read_evidence(argv))
-    except HbEvidenceError as exc:
-        return refuse(exc)
-    return finish(verdict, blocked)
-
-
 if __name__ == "__main__":
-    raise SystemExit(main(sys.argv[1:]))
+    raise SystemExit(run(hb_evaluate_guards, sys.argv[1:]))

@@ -24,7 +24,7 @@ from typing import Any, cast
 
 sys.dont_write_bytecode = True  # a helper stores nothing, not even compiled bytecode
 
-from hb_evidence import HbEvidenceError, context_at, finish, flag, read_evidence, refuse, strings  # noqa: E402
+from hb_evidence import HbEvidenceError, context_at, flag, run, strings  # noqa: E402
 
 from agent.domain import gates  # noqa: E402
 from agent.domain.recipients import OwnerEvidence  # noqa: E402
@@ -67,13 +67,5 @@ def hb_evaluate_recipients(evidence: dict[str, Any]) -> tuple[dict[str, Any], bo
     return verdict, bool(reasons)
 
 
-def main(argv: list[str]) -> int:
-    try:
-        verdict, blocked = hb_evaluate_recipients(read_evidence(argv))
-    except HbEvidenceError as exc:
-        return refuse(exc)
-    return finish(verdict, blocked)
-
-
 if __name__ == "__main__":
-    raise SystemExit(main(sys.argv[1:]))
+    raise SystemExit(run(hb_evaluate_recipients, sys.argv[1:]))

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, cast
 
@@ -27,7 +28,10 @@ def read_evidence(argv: list[str]) -> dict[str, Any]:
     """The evidence object from the file named by the only argument, or from stdin."""
     if len(argv) > 1:
         raise HbEvidenceError("give one evidence file, or the evidence on stdin")
-    text = Path(argv[0]).read_text(encoding="utf-8") if argv else sys.stdin.read()
+    try:
+        text = Path(argv[0]).read_text(encoding="utf-8") if argv else sys.stdin.read()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise HbEvidenceError(f"the evidence cannot be read: {exc}") from None
     try:
         found: Any = json.loads(text)
     except json.JSONDecodeError as exc:
@@ -70,3 +74,13 @@ def finish(verdict: dict[str, Any], blocked: bool) -> int:
 def refuse(error: HbEvidenceError) -> int:
     print(json.dumps({"error": str(error)}, ensure_ascii=False), file=sys.stderr)
     return EXIT_BAD_EVIDENCE
+
+
+def run(evaluate: Callable[[dict[str, Any]], tuple[dict[str, Any], bool]], argv: list[str]) -> int:
+    """A helper command: the evidence read, evaluated, and the verdict printed; exit 0
+    clear, 3 blocked, 2 unreadable evidence."""
+    try:
+        verdict, blocked = evaluate(read_evidence(argv))
+    except HbEvidenceError as exc:
+        return refuse(exc)
+    return finish(verdict, blocked)
