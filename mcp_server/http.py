@@ -10,6 +10,7 @@ import ipaddress
 import signal
 import socket
 from collections.abc import Callable, Generator
+from pathlib import Path
 from types import FrameType
 
 import uvicorn
@@ -112,9 +113,22 @@ class _Server(uvicorn.Server):
                 signal.signal(sig, handler)
 
 
-def serve(app: Callable[..., object], sock: socket.socket, on_ready: Callable[[], None]) -> None:
-    """Serve the ASGI app on an already listening socket until SIGINT or SIGTERM."""
-    config = uvicorn.Config(app, log_level="warning", lifespan="on")
+def serve(
+    app: Callable[..., object],
+    sock: socket.socket,
+    on_ready: Callable[[], None],
+    tls: tuple[Path | None, Path | None] | None = None,
+) -> None:
+    """Serve the ASGI app on an already listening socket until SIGINT or SIGTERM (over TLS
+    when ``tls`` names a certificate and its key)."""
+    cert, key = tls or (None, None)
+    config = uvicorn.Config(
+        app,
+        log_level="warning",
+        lifespan="on",
+        ssl_certfile=str(cert) if cert else None,
+        ssl_keyfile=str(key) if key else None,
+    )
     server = _Server(config)
     original_startup = server.startup
 

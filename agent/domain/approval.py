@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import re
 import unicodedata
+from collections.abc import Sequence
 from datetime import datetime
 from enum import StrEnum
 
@@ -591,3 +592,60 @@ def current_approval(
     if not latest or any(d.decision is not Decision.APPROVED for d in latest.values()):
         return None
     return max(latest.values(), key=lambda d: d.replied_at or d.decided_at)
+
+
+# -- an approver's decision given in the console ------------------------------------------------
+
+CONSOLE_EVIDENCE = "console:"
+"""The prefix of a console decision's evidence id (an emailed one is a Message-ID)."""
+
+
+def judge_console(
+    context: WorkspaceContext,
+    request: ApprovalRequest,
+    *,
+    approver: str,
+    decision: Decision,
+    draft_digest: str,
+    recipients: Sequence[str],
+    note: str,
+    evidence_id: str,
+    now: datetime,
+) -> ApprovalDecision | str:
+    """A decision a signed-in person gives on the console, judged by the rules an emailed
+    one meets: the person holds a recorded approval role in the live context, and decides
+    on exactly the draft (its digest) and the recipients the latest request carried. The
+    wording question does not arise: the button says it. Returns why not, as text."""
+    person = approver.strip().lower()
+    if decision not in (Decision.APPROVED, Decision.CHANGES_REQUESTED):
+        return f"a person approves or requests changes; {decision.value} is neither"
+    if not approver_roles(context, person):
+        return (
+            f"{person} holds no recorded approval role in this workspace "
+            f"({', '.join(context.approval.roles)})"
+        )
+    if draft_digest != request.draft_digest:
+        return (
+            f"the draft shown is not the one approval was requested for (draft "
+            f"{request.draft_id}): reload the task and decide on what it shows now"
+        )
+    if sorted(r.strip().lower() for r in recipients) != sorted(request.recipients):
+        return (
+            "the recipients shown are not the ones approval was requested for ("
+            + ", ".join(request.recipients)
+            + "): reload the task"
+        )
+    if decision is Decision.CHANGES_REQUESTED and not note.strip():
+        return "say what should change: a change request carries a note"
+    reason = "approved in the console" if decision is Decision.APPROVED else note.strip()
+    return ApprovalDecision(
+        decision=decision,
+        draft_id=request.draft_id,
+        draft_digest=request.draft_digest,
+        approver=person,
+        evidence_message_id=CONSOLE_EVIDENCE + evidence_id,
+        request_message_id=request.internet_message_id,
+        reason=reason,
+        decided_at=now,
+        replied_at=now,
+    )

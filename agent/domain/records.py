@@ -136,6 +136,9 @@ class TaskAmendment(BaseModel):
     """Who that reply went to."""
     readback_evidence: str | None = None
     """What the read-back of the provider's stored copy found."""
+    approval_decision: ApprovalDecision | None = None
+    """An approver's decision given outside mail (the console): recorded and applied with
+    the same rules as an approver's reply."""
 
 
 class SendState(StrEnum):

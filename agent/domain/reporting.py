@@ -241,12 +241,17 @@ def apply_amendment(task: Task, amendment: TaskAmendment, now: datetime) -> Task
     kept = tuple(g for g in task.open_gates if g.kind not in removed)
     kinds = {g.kind for g in kept}
     changes["open_gates"] = (*kept, *(g for g in amendment.add_gates if g.kind not in kinds))
+    decided = amendment.approval_decision
+    if decided is not None:
+        changes.update(_decision_applied(task, decided, changes, now))
     request = amendment.approval_request
     if request is not None and all(
         r.internet_message_id != request.internet_message_id for r in task.approval_requests
     ):
         changes["approval_requests"] = (*task.approval_requests, request)
     changes.update(_amended_fields(amendment))
+    if decided is not None and "state" not in changes:
+        changes.pop("next_action", None)  # a decision that moved nothing sets no next step
     if amendment.sent_message is not None:
         known = {m.provider_message_id for m in task.messages}
         if amendment.sent_message.provider_message_id not in known:
@@ -255,6 +260,32 @@ def apply_amendment(task: Task, amendment: TaskAmendment, now: datetime) -> Task
     if amended.state in TERMINAL_STATES and amended.open_gates:
         raise TransitionError(f"task {task.task_id} cannot close with open gates")
     return amended.model_copy(update={"readiness_tier": readiness(amended)})
+
+
+def _decision_applied(
+    task: Task, decision: ApprovalDecision, changes: dict[str, Any], now: datetime
+) -> dict[str, Any]:
+    """An approver's decision given outside mail, applied as an approver's reply is: it is
+    recorded, and the state and the approval gate follow the latest request's answers. A
+    decision given on a request that is no longer the latest is refused (a person decided
+    on what the page showed, and that has changed)."""
+    latest = task.approval_requests[-1] if task.approval_requests else None
+    if latest is None or latest.internet_message_id != decision.request_message_id:
+        raise TransitionError(
+            f"task {task.task_id} has a newer approval request than the one decided on: "
+            "reload the task and decide on what it shows now"
+        )
+    decided = _approval_target(task, decision)
+    shown = task.model_copy(update={"open_gates": changes["open_gates"]})
+    gates = _gates_after(shown, TaskUpdate(approval_decision=decision), decided, now)
+    applied: dict[str, Any] = {
+        "open_gates": gates,
+        **_recorded(task, TaskUpdate(approval_decision=decision)),
+    }
+    if decided is not None and decided is not task.state:
+        check_transition(task.state, decided)
+        applied.update(state=decided, state_since=now)
+    return applied
 
 
 def _amended_fields(amendment: TaskAmendment) -> dict[str, Any]:

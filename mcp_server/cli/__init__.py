@@ -10,6 +10,7 @@ import click
 
 from mcp_server.cli.bench import bench
 from mcp_server.cli.connect import connect_command
+from mcp_server.cli.console import console_group
 from mcp_server.cli.demo import demo_command
 from mcp_server.cli.dispatch import dispatch_command
 from mcp_server.cli.fixtures import fixtures
@@ -45,6 +46,7 @@ for command in (
     dispatch_command,
     sends,
     mail_group,
+    console_group,
     pack_group,
     demo_command,
     bench,
