@@ -3,8 +3,6 @@ core by the rules an emailed one meets, whatever the page posted."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import pytest
 
 from agent.domain.approval import CONSOLE_EVIDENCE, Decision, judge_console
@@ -16,23 +14,9 @@ from agent.domain.states import TaskState
 from agent.domain.task import Task
 from agent.rendering.render import RenderedMessage
 from agent.services import approvals, console, workspaces
-from agent.storage.sqlite import SqliteStore
-from agent.testing import FrozenClock
-from tests.conftest import context_yaml
-from tests.services.gates_world import APPROVER, CLIENT, COLLEAGUE, World, with_colleague
+from tests.services.gates_world import APPROVER, CLIENT, COLLEAGUE, World
 
 pytestmark = pytest.mark.anyio
-
-
-@pytest.fixture
-def world(
-    station_store: SqliteStore,
-    data_dir: workspaces.DataDir,
-    clock: FrozenClock,
-    register: Callable[[str], str],
-) -> World:
-    ws = register(with_colleague(context_yaml()))
-    return World(station_store, data_dir, ws, clock)
 
 
 async def waiting(world: World) -> tuple[Task, RenderedMessage, str]:
