@@ -128,6 +128,8 @@ def text_flags(text: str) -> tuple[str, ...]:
 def shown(text: str) -> str:
     """The text as it is safe to display: every format and control character written out
     as its code point, so it neither reorders nor hides what follows it."""
+    if text.isprintable():
+        return text  # no control, format or line/paragraph separator: nothing to write out
     return "".join(
         _codepoint(ch)
         if ch in BIDI_CONTROLS

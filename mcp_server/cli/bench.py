@@ -262,6 +262,38 @@ def bench_intake(
     echo_result(result, as_json, 26)
 
 
+@bench.command("console")
+@number_option("--tasks", click.IntRange(min=1), 5000, "Open tasks in the workspace's queue.")
+@number_option("--rounds", click.IntRange(min=3), 30, "Renders measured of each.")
+@bench_output_options
+def bench_console(tasks: int, rounds: int, as_json: bool, data_dir: Path | None) -> None:
+    """p50/p99 of the console's queue page for a workspace with TASKS open tasks (read from
+    the store, filtered, rendered) against the bare template render of the same rows."""
+    from bench import console as console_bench  # noqa: PLC0415
+    from mcp_server.console.app import queue_html, row_of, templates  # noqa: PLC0415
+
+    scratch = _bench_scratch(data_dir)
+    click.echo(f"taking {tasks} messages in through intake ...", err=True)
+    store = console_bench.fill_queue(scratch, tasks)
+    try:
+        env = templates()
+        workspace = console_bench.WORKSPACE
+        rows = [row_of(t) for t in store.list_queue(workspace)]
+        template = env.get_template("queue.j2")
+        click.echo(f"rendering the queue {rounds} times each ...", err=True)
+        result = console_bench.run(
+            lambda: queue_html(env, store, workspace, session=None, token=""),
+            lambda: template.render(
+                session=None, token="", workspace_id=workspace, rows=rows, state="", gate=""
+            ),
+            tasks,
+            rounds,
+        )
+    finally:
+        store.close()
+    echo_result(result, as_json, 12)
+
+
 @bench.command("mcp")
 @number_option(
     "--calls",

@@ -288,17 +288,11 @@ class _Pages:
         workspace_id = request.path_params["workspace_id"]
         if workspace_id not in self.c.workspaces(session):
             return self.refuse(session, 404, "No such workspace for you.")
-        state = request.query_params.get("state", "")
-        gate = request.query_params.get("gate", "")
-        tasks = [
-            t
-            for t in self.c.store.list_queue(workspace_id)
-            if (not state or t.state.value == state) and (not gate or gate in _gates(t))
-        ]
-        return self.render(
-            "queue.j2", session=session, token=session.form_token(), workspace_id=workspace_id,
-            rows=[_row(t) for t in tasks], state=state, gate=gate,
+        page = queue_html(
+            self.env, self.c.store, workspace_id, session=session, token=session.form_token(),
+            state=request.query_params.get("state", ""), gate=request.query_params.get("gate", ""),
         )  # fmt: skip
+        return HTMLResponse(page)
 
     def _visible_task(self, request: Request, session: Session) -> Task | None:
         try:
@@ -320,7 +314,7 @@ class _Pages:
             (at, state, shown(event)) for at, state, event in self.c.store.task_events(task.task_id)
         ]
         return self.render(
-            "task.j2", session=session, token=session.form_token(), task=_row(task),
+            "task.j2", session=session, token=session.form_token(), task=row_of(task),
             request=asked, history=history, decidable=task.state in console.DECIDABLE and asked,
             notice=request.query_params.get("notice", ""),
             draft_subject=shown(draft.subject) if draft else "",
@@ -382,11 +376,33 @@ NOTICES = {
 }
 
 
+def queue_html(
+    env: Environment,
+    store: EmbeddedStore,
+    workspace_id: str,
+    *,
+    session: Session | None,
+    token: str,
+    state: str = "",
+    gate: str = "",
+) -> str:
+    """The queue page: the workspace's open tasks, oldest received first, filtered."""
+    tasks = [
+        t
+        for t in store.list_queue(workspace_id)
+        if (not state or t.state.value == state) and (not gate or gate in _gates(t))
+    ]
+    return env.get_template("queue.j2").render(
+        session=session, token=token, workspace_id=workspace_id,
+        rows=[row_of(t) for t in tasks], state=state, gate=gate,
+    )  # fmt: skip
+
+
 def _gates(task: Task) -> set[str]:
     return {g.kind.value for g in task.open_gates}
 
 
-def _row(task: Task) -> dict[str, Any]:
+def row_of(task: Task) -> dict[str, Any]:
     """What a page shows of a task; the sender's own words are marked as untrusted data."""
     return {
         "task_id": task.task_id,
