@@ -57,7 +57,7 @@ from agent.domain.records import (
 from agent.domain.run import LedgerEntry, MailboxCursor, OpenRun, Reconciliation, ThreadLink
 from agent.domain.secrets import CredentialRef, Secret
 from agent.domain.states import TaskState
-from agent.domain.task import Task
+from agent.domain.task import QueueEntry, Task
 
 
 class Clock(Protocol):
@@ -131,6 +131,10 @@ class TaskBoard(Protocol):
 
     def list_queue(self, workspace_id: str) -> list[Task]:
         """The workspace's non-terminal tasks, oldest received first."""
+        ...
+
+    def list_queue_entries(self, workspace_id: str) -> list[QueueEntry]:
+        """The same queue, each task read only as far as a queue shows it."""
         ...
 
     def transition_task(

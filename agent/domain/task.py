@@ -240,3 +240,22 @@ class Task(BaseModel):
         return self.latest_inbound(recipients) or self.latest_inbound(
             (self.requester or self.sender_identity,)
         )
+
+
+class QueueEntry(BaseModel):
+    """A task as a queue shows it: read from its record without the rest (a page of
+    thousands reads only this)."""
+
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+    task_id: str
+    workspace_id: str
+    state: TaskState
+    state_since: datetime | None = None
+    received_at: datetime
+    open_gates: tuple[Gate, ...] = ()
+    next_action: NextAction
+    title: str
+    sender_identity: str
+    sender_name: str = ""
+    content_flags: tuple[str, ...] = ()

@@ -278,7 +278,7 @@ def bench_console(tasks: int, rounds: int, as_json: bool, data_dir: Path | None)
     try:
         env = templates()
         workspace = console_bench.WORKSPACE
-        rows = [row_of(t) for t in store.list_queue(workspace)]
+        rows = [row_of(t) for t in store.list_queue_entries(workspace)]
         template = env.get_template("queue.j2")
         click.echo(f"rendering the queue {rounds} times each ...", err=True)
         result = console_bench.run(

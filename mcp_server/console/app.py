@@ -32,7 +32,7 @@ from agent.domain.approval import Decision
 from agent.domain.errors import GateRefused, OutloopError
 from agent.domain.secrets import Secret
 from agent.domain.states import TERMINAL_STATES, TaskState
-from agent.domain.task import Task
+from agent.domain.task import QueueEntry, Task
 from agent.domain.untrusted import shown
 from agent.ports import Clock, EmbeddedStore, Vault
 from agent.services import console, drafts
@@ -389,7 +389,7 @@ def queue_html(
     """The queue page: the workspace's open tasks, oldest received first, filtered."""
     tasks = [
         t
-        for t in store.list_queue(workspace_id)
+        for t in store.list_queue_entries(workspace_id)
         if (not state or t.state.value == state) and (not gate or gate in _gates(t))
     ]
     return env.get_template("queue.j2").render(
@@ -398,11 +398,11 @@ def queue_html(
     )  # fmt: skip
 
 
-def _gates(task: Task) -> set[str]:
+def _gates(task: Task | QueueEntry) -> set[str]:
     return {g.kind.value for g in task.open_gates}
 
 
-def row_of(task: Task) -> dict[str, Any]:
+def row_of(task: Task | QueueEntry) -> dict[str, Any]:
     """What a page shows of a task; the sender's own words are marked as untrusted data."""
     return {
         "task_id": task.task_id,

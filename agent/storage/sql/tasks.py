@@ -12,7 +12,7 @@ from agent.domain.errors import StoreError, TransitionError
 from agent.domain.records import TaskAmendment
 from agent.domain.reporting import apply_amendment, readiness
 from agent.domain.states import TERMINAL_STATES, TaskState, check_transition
-from agent.domain.task import Task
+from agent.domain.task import QueueEntry, Task
 from agent.storage.sql.core import SqlBase, Tx, Verified, dt, ts
 
 
@@ -82,6 +82,14 @@ class TaskRows(SqlBase):
             (workspace_id,),
         )
         return [Task.model_validate_json(r["record"]) for r in rows]
+
+    def list_queue_entries(self, workspace_id: str) -> list[QueueEntry]:
+        rows = self._read(
+            "SELECT record FROM tasks WHERE workspace_id = ? AND terminal = 0"
+            " ORDER BY received_at, task_id",
+            (workspace_id,),
+        )
+        return [QueueEntry.model_validate_json(r["record"]) for r in rows]
 
     def transition_task(
         self, task_id: str, target: TaskState, evidence: str, now: datetime

@@ -30,6 +30,10 @@ class TaskBoardContract(StoreContract):
         )
         queue = h.store.list_queue(WS)
         assert [t.provider_thread_id for t in queue] == ["thread-2", "thread-1"]
+        entries = h.store.list_queue_entries(WS)
+        assert [(e.task_id, e.state, e.title, e.received_at) for e in entries] == [
+            (t.task_id, t.state, t.title, t.received_at) for t in queue
+        ]
 
     def test_transition_task_refuses_to_close_a_waiting_task(
         self, h: Harness, clock: FrozenClock
