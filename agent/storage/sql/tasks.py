@@ -76,20 +76,19 @@ class TaskRows(SqlBase):
         return [Task.model_validate_json(r["record"]) for r in rows]
 
     def list_queue(self, workspace_id: str) -> list[Task]:
-        rows = self._read(
-            "SELECT record FROM tasks WHERE workspace_id = ? AND terminal = 0"
-            " ORDER BY received_at, task_id",
-            (workspace_id,),
-        )
-        return [Task.model_validate_json(r["record"]) for r in rows]
+        return [Task.model_validate_json(r) for r in self._queue_records(workspace_id)]
 
     def list_queue_entries(self, workspace_id: str) -> list[QueueEntry]:
+        return [QueueEntry.model_validate_json(r) for r in self._queue_records(workspace_id)]
+
+    def _queue_records(self, workspace_id: str) -> list[str]:
+        """The workspace's non-terminal task records, oldest received first."""
         rows = self._read(
             "SELECT record FROM tasks WHERE workspace_id = ? AND terminal = 0"
             " ORDER BY received_at, task_id",
             (workspace_id,),
         )
-        return [QueueEntry.model_validate_json(r["record"]) for r in rows]
+        return [str(r["record"]) for r in rows]
 
     def transition_task(
         self, task_id: str, target: TaskState, evidence: str, now: datetime
