@@ -44,6 +44,7 @@ from agent.domain.records import (
     HealthRecord,
     LearningProposal,
     Lease,
+    ProposalState,
     ReportRequest,
     SendAttempt,
     SendEvent,
@@ -372,6 +373,13 @@ class Proposals(Protocol):
         ...
 
     def list_proposals(self, workspace_id: str) -> list[LearningProposal]: ...
+    def get_proposal(self, proposal_id: str) -> LearningProposal | None: ...
+    def decide_proposal(
+        self, proposal_id: str, state: ProposalState, by: str, note: str, at: datetime
+    ) -> LearningProposal | None:
+        """Accept or reject a queued proposal (compare-and-set on ``queued``); None when it
+        is not queued (decided already, or unknown)."""
+        ...
 
 
 class Health(Protocol):

@@ -403,5 +403,10 @@ class LearningProposal(BaseModel):
     evidence: tuple[str, ...] = ()
     state: ProposalState = ProposalState.QUEUED
     submitted_at: datetime
+    decided_by: str | None = None
+    """The operator who accepted or rejected it."""
+    decided_at: datetime | None = None
+    decision_note: str | None = None
+    """Why it was rejected, or what its acceptance wrote into the context."""
     created: bool = False
     """True when this call queued it (False: the same proposal was already queued)."""

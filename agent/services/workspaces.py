@@ -67,7 +67,7 @@ def _bindings(context: WorkspaceContext) -> list[Binding]:
     ]
 
 
-def _resolve_paths(context: WorkspaceContext, base: Path) -> str:
+def stored_text(context: WorkspaceContext, base: Path) -> str:
     """The context text to store, with relative Maildir paths made absolute."""
     data = context.model_dump(mode="json", by_alias=True, exclude_defaults=False)
     for mailbox in data["mailboxes"]:
@@ -80,7 +80,7 @@ def _resolve_paths(context: WorkspaceContext, base: Path) -> str:
 def _save_copy(data_dir: DataDir, context: WorkspaceContext, source: Path) -> tuple[Path, str, str]:
     target = data_dir.context_file(context.workspace_id)
     target.parent.mkdir(parents=True, exist_ok=True)
-    text = _resolve_paths(context, source.parent)
+    text = stored_text(context, source.parent)
     tmp = target.with_suffix(".yaml.tmp")
     tmp.write_text(text, encoding="utf-8")
     tmp.replace(target)
@@ -115,9 +115,16 @@ def add_workspace(
 
 
 def update_workspace(
-    store: Registry, data_dir: DataDir, source: Path, now: datetime
+    store: Registry,
+    data_dir: DataDir,
+    source: Path,
+    now: datetime,
+    context: WorkspaceContext | None = None,
 ) -> WorkspaceRow:
-    context, _ = read_context_file(source)
+    """Replace the workspace's context with the file ``source`` (or with ``context``, read
+    and checked already; relative paths in it are taken from ``source``'s directory)."""
+    if context is None:
+        context, _ = read_context_file(source)
     existing = store.get_workspace(context.workspace_id)
     if existing is None:
         raise UnknownWorkspace(context.workspace_id)

@@ -397,4 +397,14 @@ MIGRATIONS: tuple[tuple[int, tuple[Step, ...]], ...] = (
             )""",
         ),
     ),
+    (
+        8,
+        (
+            # An operator's decision on a learning proposal: who, when, and why (a rejection's
+            # reason, or the digest of the context an acceptance wrote).
+            "ALTER TABLE learning_proposals ADD COLUMN decided_by TEXT",
+            "ALTER TABLE learning_proposals ADD COLUMN decided_at REAL",
+            "ALTER TABLE learning_proposals ADD COLUMN decision_note TEXT",
+        ),
+    ),
 )

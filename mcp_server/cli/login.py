@@ -21,7 +21,9 @@ import click
 from agent.domain.context import MailboxBinding
 from agent.domain.errors import OutloopError, ProviderError, SignInFailed
 from agent.domain.mail import Channel
-from agent.services import workspaces
+from agent.ports import Health
+from agent.services import challenges, workspaces
+from agent.services.clock import SystemClock
 from mcp_server import composition
 from mcp_server.cli.shared import data_dir_option, fail, read_settings
 
@@ -68,7 +70,7 @@ def login_command(
         providers = station.provider_for
         assert isinstance(providers, composition.Providers)
         failed = anyio.run(
-            _sign_in_all, providers, workspace_id, bindings, wait if headed else None
+            _sign_in_all, providers, station.store, workspace_id, bindings, wait if headed else None
         )
     except OutloopError as exc:
         fail(exc)
@@ -101,6 +103,7 @@ def _browser_bindings(
 
 async def _sign_in_all(
     providers: composition.Providers,
+    health: Health,
     workspace_id: str,
     bindings: list[MailboxBinding],
     person_seconds: float | None,
@@ -118,6 +121,11 @@ async def _sign_in_all(
                 continue
             finally:
                 await channel.aclose()
+            resolved = challenges.signed_in(
+                health, workspace_id, binding.mailbox_id, Channel.BROWSER, SystemClock().now()
+            )
+            if resolved is not None:
+                click.echo(f"{binding.mailbox_id}: the {resolved.challenge} challenge is resolved")
             if report.signed_in:
                 steps = ", ".join(step.value for step in report.steps)
                 click.echo(f"{binding.mailbox_id}: signed in as {report.account} ({steps})")

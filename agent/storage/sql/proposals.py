@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import json
+from datetime import datetime
 
-from agent.domain.records import LearningProposal
-from agent.storage.sql.core import Row, SqlBase, Tx, record_of, ts
+from agent.domain.records import LearningProposal, ProposalState
+from agent.storage.sql.core import Row, SqlBase, Tx, Verified, record_of, ts
 
 
 class ProposalRows(SqlBase):
@@ -14,7 +15,7 @@ class ProposalRows(SqlBase):
         return record_of(
             LearningProposal,
             row,
-            times=("submitted_at",),
+            times=("submitted_at", "decided_at"),
             lists=("evidence",),
             created=created,
         )
@@ -53,3 +54,28 @@ class ProposalRows(SqlBase):
             (workspace_id,),
         )
         return [self._proposal(r) for r in rows]
+
+    def get_proposal(self, proposal_id: str) -> LearningProposal | None:
+        rows = self._read("SELECT * FROM learning_proposals WHERE proposal_id = ?", (proposal_id,))
+        return self._proposal(rows[0]) if rows else None
+
+    def decide_proposal(
+        self, proposal_id: str, state: ProposalState, by: str, note: str, at: datetime
+    ) -> LearningProposal | None:
+        def body(conn: Tx) -> LearningProposal | None:
+            row = conn.execute(
+                "UPDATE learning_proposals SET state = ?, decided_by = ?, decided_at = ?,"
+                " decision_note = ? WHERE proposal_id = ? AND state = ? RETURNING *",
+                (state.value, by, ts(at), note, proposal_id, ProposalState.QUEUED.value),
+            ).fetchone()
+            return None if row is None else self._proposal(row)
+
+        def verify(conn: Tx) -> Verified[LearningProposal | None]:
+            row = conn.execute(
+                "SELECT * FROM learning_proposals WHERE proposal_id = ? AND state = ?"
+                " AND decided_by = ? AND decided_at = ?",
+                (proposal_id, state.value, by, ts(at)),
+            ).fetchone()
+            return (self._proposal(row),) if row is not None else None
+
+        return self._write(body, verify)

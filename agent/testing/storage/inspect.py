@@ -30,7 +30,7 @@ class InspectContract(StoreContract):
         self,
         store: EmbeddedStore,
     ) -> None:
-        assert store.schema_version() == MIGRATIONS[-1][0] == 7
+        assert store.schema_version() == MIGRATIONS[-1][0] == 8
         assert store.counts()["sends"] == 0
         assert store.list_sends(WS) == []
         assert store.get_draft("draft-none") is None

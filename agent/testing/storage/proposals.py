@@ -36,3 +36,32 @@ class ProposalsContract(StoreContract):
         assert listed[0].state is ProposalState.QUEUED
         assert listed[0].evidence == ("<m1@contoso.test>",)
         assert store.list_proposals("ws-other") == []
+
+    def test_a_proposal_is_decided_once_with_who_when_and_why(
+        self, store: EmbeddedStore, clock: FrozenClock
+    ) -> None:
+        register(store, WS)
+        queued = store.add_proposal(
+            LearningProposal(
+                proposal_id="lp-1",
+                workspace_id=WS,
+                kind="rule",
+                summary="quote in shekels",
+                detail="",
+                submitted_at=clock.now(),
+            )
+        )
+        assert store.get_proposal("lp-1") == queued.model_copy(update={"created": False})
+        at = clock.advance(minutes=5)
+        decided = store.decide_proposal("lp-1", ProposalState.REJECTED, "op@x.test", "no", at)
+        assert decided is not None and decided.state is ProposalState.REJECTED
+        assert (decided.decided_by, decided.decided_at, decided.decision_note) == (
+            "op@x.test",
+            at,
+            "no",
+        )
+        again = store.decide_proposal("lp-1", ProposalState.ACCEPTED, "other@x.test", "", at)
+        assert again is None
+        assert store.get_proposal("lp-1") == decided
+        assert store.decide_proposal("lp-unknown", ProposalState.ACCEPTED, "o", "", at) is None
+        assert store.get_proposal("lp-unknown") is None
