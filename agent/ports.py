@@ -55,7 +55,14 @@ from agent.domain.records import (
     TaskDraft,
     WorkspaceRow,
 )
-from agent.domain.run import LedgerEntry, MailboxCursor, OpenRun, Reconciliation, ThreadLink
+from agent.domain.run import (
+    LedgerEntry,
+    MailboxCursor,
+    OpenRun,
+    Reconciliation,
+    RunRow,
+    ThreadLink,
+)
 from agent.domain.secrets import CredentialRef, Secret
 from agent.domain.states import TaskState
 from agent.domain.task import QueueEntry, Task
@@ -219,6 +226,10 @@ class RunLedger(Protocol):
         ...
 
     def list_runs(self) -> list[str]: ...
+    def recent_runs(self, scope: str, limit: int = 20) -> list[RunRow]:
+        """The scope's latest runs, newest first."""
+        ...
+
     def run_summary(self, run_id: str) -> Reconciliation | None: ...
 
 

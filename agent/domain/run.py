@@ -78,6 +78,19 @@ class Reconciliation(BaseModel):
     reconciled_at: datetime
 
 
+class RunRow(BaseModel):
+    """One run of a scope as an operator lists it: when it started and, once reconciled,
+    its reconciliation."""
+
+    model_config = ConfigDict(frozen=True)
+
+    run_id: str
+    scope: str
+    holder: str
+    started_at: datetime
+    summary: Reconciliation | None = None
+
+
 class ThreadLink(BaseModel):
     """What resolving one message's thread alias needs: its id and identity (the header
     digest), the ids it answers (In-Reply-To, then References) and the aliases to give it."""

@@ -48,6 +48,7 @@ def console_group(
         return
     from mcp_server import http  # noqa: PLC0415 - the web server only when serving
     from mcp_server.console.app import LOOPBACK_HOSTS, Console, build_app  # noqa: PLC0415
+    from mcp_server.console.mail import MailboxBodies  # noqa: PLC0415
 
     loopback = http.is_loopback(host)
     if not loopback and (tls_cert is None or tls_key is None):
@@ -63,8 +64,17 @@ def console_group(
     except OutloopError as exc:
         station.close()
         fail(exc)
+    providers = composition.Providers(settings, health=station.store)
+    bodies = MailboxBodies(station.store, providers, providers.aclose)
     app = build_app(
-        Console(station.store, station.data_dir.root, vault, SystemClock(), secure=not loopback),
+        Console(
+            station.store,
+            station.data_dir.root,
+            vault,
+            SystemClock(),
+            secure=not loopback,
+            bodies=bodies,
+        ),
         hosts=LOOPBACK_HOSTS if loopback else (host,),
     )
     scheme = "http" if loopback else "https"

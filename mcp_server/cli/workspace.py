@@ -218,8 +218,8 @@ def _echo_proposals(queued: list[LearningProposal]) -> None:
         return
     # An agent wrote these while reading client mail: shown, never applied.
     click.echo(
-        f"  learning proposals: {len(queued)} queued (agent-written; apply one by "
-        "editing the context file and running 'outloop workspace update')"
+        f"  learning proposals: {len(queued)} queued (agent-written; accept or reject them "
+        "in 'outloop console', or edit the context file and run 'outloop workspace update')"
     )
     for proposal in queued:
         click.echo(f"    {proposal.proposal_id} [{proposal.kind}] {flag(proposal.summary).shown}")

@@ -10,16 +10,15 @@ and decision is audited with who, when and from where. No secret is ever rendere
 
 from __future__ import annotations
 
+import contextlib
 import hmac
-import json
 import secrets
-from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from collections.abc import AsyncGenerator
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
-from jinja2 import Environment, PackageLoader, select_autoescape
+from jinja2 import Environment
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
 from starlette.middleware.base import BaseHTTPMiddleware, RequestResponseEndpoint
@@ -27,6 +26,7 @@ from starlette.middleware.trustedhost import TrustedHostMiddleware
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, RedirectResponse, Response
 from starlette.routing import Route
+from starlette.types import ASGIApp
 
 from agent.domain.approval import Decision
 from agent.domain.errors import GateRefused, OutloopError
@@ -34,101 +34,38 @@ from agent.domain.secrets import Secret
 from agent.domain.states import TERMINAL_STATES, TaskState
 from agent.domain.task import QueueEntry, Task
 from agent.domain.untrusted import shown
-from agent.ports import Clock, EmbeddedStore, Vault
+from agent.ports import EmbeddedStore
 from agent.services import console, drafts
-from agent.services.gate_check import load_task
 from managed_login import console as credentials
-
-COOKIE = "outloop_console"
-FORM_COOKIE = "outloop_console_form"
-"""Before a session: the sign-in form's token, sent back in the form (double submit)."""
-SESSION_TTL = timedelta(hours=8)
-MAX_FORMS = 64
-LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "[::1]", "::1")
-CSP = (
-    "default-src 'none'; style-src 'self'; img-src 'self'; form-action 'self'; "
-    "frame-src 'self'; frame-ancestors 'none'; base-uri 'none'"
+from mcp_server.console.operations import OperationPages, operation_routes, thread_of
+from mcp_server.console.pages import (
+    COOKIE,
+    CSP,
+    LOOPBACK_HOSTS,
+    PREVIEW_CSP,
+    SESSION_TTL,
+    Console,
+    PagesBase,
+    Session,
+    client_of,
+    templates,
 )
-PREVIEW_CSP = "default-src 'none'; style-src 'unsafe-inline'; img-src data:; sandbox"
-"""The draft's own HTML, as it will be sent: inline styles only, no script, no fetch."""
 
+__all__ = ["COOKIE", "LOOPBACK_HOSTS", "Console", "build_app", "queue_html", "row_of", "templates"]
 
-@dataclass
-class Session:
-    address: str
-    expires: datetime
-    forms: dict[str, None] = field(default_factory=dict[str, None])
-    """The one-time tokens of the forms this session was shown (the newest MAX_FORMS)."""
-
-    def form_token(self) -> str:
-        token = secrets.token_urlsafe(24)
-        self.forms[token] = None
-        while len(self.forms) > MAX_FORMS:
-            del self.forms[next(iter(self.forms))]
-        return token
-
-    def spend(self, token: str) -> bool:
-        return self.forms.pop(token, False) is None
-
-
-@dataclass
-class Console:
-    """What the pages need: the store, the data directory, the vault, the clock and the
-    sessions."""
-
-    store: EmbeddedStore
-    data_root: Path
-    vault: Vault
-    clock: Clock
-    secure: bool
-    sessions: dict[str, Session] = field(default_factory=dict[str, Session])
-    attempts: credentials.Attempts = field(default_factory=credentials.Attempts)
-
-    @property
-    def audit_file(self) -> Path:
-        return self.data_root / "console" / "audit.jsonl"
-
-    def audit(self, request: Request, who: str, action: str, outcome: str) -> None:
-        """One line per sign-in and decision: who, when, from where, what, and how it ended."""
-        self.audit_file.parent.mkdir(parents=True, exist_ok=True)
-        line = {
-            "at": self.clock.now().isoformat(), "who": who, "from": _client(request),
-            "action": action, "outcome": outcome,
-        }  # fmt: skip
-        with self.audit_file.open("a", encoding="utf-8") as out:
-            out.write(json.dumps(line, ensure_ascii=False) + "\n")
-
-    def session(self, request: Request) -> Session | None:
-        now = self.clock.now()
-        for sid in [k for k, v in self.sessions.items() if v.expires <= now]:
-            del self.sessions[sid]
-        return self.sessions.get(request.cookies.get(COOKIE, ""))
-
-    def start(self, address: str) -> str:
-        sid = secrets.token_urlsafe(32)
-        self.sessions[sid] = Session(address, self.clock.now() + SESSION_TTL)
-        return sid
-
-    def workspaces(self, session: Session) -> list[str]:
-        """What the person sees now: the live contexts decide on every request (a role
-        taken away takes the workspace away at once)."""
-        return console.visible_workspaces(console.live_contexts(self.store), session.address)
-
-
-def _client(request: Request) -> str:
-    return request.client.host if request.client else "unknown"
-
-
-def templates() -> Environment:
-    return Environment(
-        loader=PackageLoader("mcp_server.console", "templates"),
-        autoescape=select_autoescape(default=True, default_for_string=True),
-    )
+HSTS = "max-age=31536000"
+"""Off loopback the console is served over TLS only: browsers are told to keep to it."""
 
 
 class _Headers(BaseHTTPMiddleware):
+    def __init__(self, app: ASGIApp, secure: bool) -> None:
+        super().__init__(app)
+        self.secure = secure
+
     async def dispatch(self, request: Request, call_next: RequestResponseEndpoint) -> Response:
         response = await call_next(request)
+        if self.secure:
+            response.headers["Strict-Transport-Security"] = HSTS
         response.headers.setdefault("Content-Security-Policy", CSP)
         response.headers["X-Content-Type-Options"] = "nosniff"
         response.headers["Referrer-Policy"] = "no-referrer"
@@ -151,43 +88,42 @@ def build_app(app_console: Console, hosts: tuple[str, ...] = LOOPBACK_HOSTS) -> 
         Route("/tasks/{task_id}", pages.task, methods=["GET"]),
         Route("/tasks/{task_id}/preview", pages.preview, methods=["GET"]),
         Route("/tasks/{task_id}/decision", pages.decision, methods=["POST"]),
+        *operation_routes(OperationPages(app_console, pages.env)),
     ]
     allowed = [h.strip("[]") for h in hosts] + list(hosts)
     middleware = [
         Middleware(TrustedHostMiddleware, allowed_hosts=allowed),
-        Middleware(_Headers),
+        Middleware(_Headers, secure=app_console.secure),
     ]
-    return Starlette(routes=routes, middleware=middleware)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_: Starlette) -> AsyncGenerator[None]:
+        try:
+            yield
+        finally:
+            if app_console.bodies is not None:
+                await app_console.bodies.aclose()
+
+    return Starlette(routes=routes, middleware=middleware, lifespan=lifespan)
 
 
-class _Pages:
-    def __init__(self, app_console: Console, env: Environment) -> None:
-        self.c = app_console
-        self.env = env
-
-    def render(self, name: str, status: int = 200, **values: Any) -> HTMLResponse:
-        return HTMLResponse(self.env.get_template(name).render(**values), status_code=status)
-
-    def refuse(self, session: Session, status: int, message: str) -> HTMLResponse:
-        return self.render(
-            "error.j2", status, session=session, token=session.form_token(), message=message
-        )
-
+class _Pages(PagesBase):
     # -- signing in and out -----------------------------------------------------------------
 
     def _anonymous(self, name: str, request: Request, status: int = 200, **values: Any) -> Response:
         """A page before a session, with its form's double-submit token."""
-        token = request.cookies.get(FORM_COOKIE) or secrets.token_urlsafe(24)
+        token = request.cookies.get(self.c.form_cookie) or secrets.token_urlsafe(24)
         response = self.render(name, status, form_token=token, **values)
         response.set_cookie(
-            FORM_COOKIE, token, httponly=True, samesite="strict", secure=self.c.secure, path="/"
-        )
+            self.c.form_cookie, token, httponly=True, samesite="strict", secure=self.c.secure,
+            path="/",
+        )  # fmt: skip
         return response
 
     async def _anonymous_form(self, request: Request) -> Any | None:
         """The posted form when its token is the browser's own (a cross-site post is not)."""
         form = await request.form()
-        expected = request.cookies.get(FORM_COOKIE, "")
+        expected = request.cookies.get(self.c.form_cookie, "")
         offered = str(form.get("form_token", ""))
         return form if expected and hmac.compare_digest(expected, offered) else None
 
@@ -201,7 +137,7 @@ class _Pages:
             return self._anonymous("signin.j2", request, 403, address="", error=error)
         address = str(form.get("address", "")).strip().lower()[: credentials.MAX_ADDRESS_CHARS]
         password = Secret(str(form.get("password", "")))
-        key = f"{address}|{_client(request)}"
+        key = f"{address}|{client_of(request)}"
         now = self.c.clock.now()
         if self.c.attempts.blocked(key, now):
             self.c.audit(request, address, "sign-in", "refused: too many attempts")
@@ -244,7 +180,7 @@ class _Pages:
         self.c.audit(request, address, how, "signed in")
         response = RedirectResponse("/", status_code=303)
         response.set_cookie(
-            COOKIE, sid, httponly=True, samesite="strict", secure=self.c.secure,
+            self.c.cookie, sid, httponly=True, samesite="strict", secure=self.c.secure,
             max_age=int(SESSION_TTL.total_seconds()), path="/",
         )  # fmt: skip
         return response
@@ -256,19 +192,13 @@ class _Pages:
         form = await request.form()
         if not session.spend(str(form.get("form_token", ""))):
             return self.refuse(session, 403, "This form is not from this console: reload.")
-        self.c.sessions.pop(request.cookies.get(COOKIE, ""), None)
+        self.c.sessions.pop(request.cookies.get(self.c.cookie, ""), None)
         self.c.audit(request, session.address, "sign-out", "signed out")
         response = RedirectResponse("/signin", status_code=303)
-        response.delete_cookie(COOKIE, path="/")
+        response.delete_cookie(self.c.cookie, path="/", secure=self.c.secure)
         return response
 
     # -- pages ----------------------------------------------------------------------------
-
-    def _needs_session(self, request: Request) -> Session | Response:
-        session = self.c.session(request)
-        if session is None:
-            return RedirectResponse("/signin", status_code=303)
-        return session
 
     async def stylesheet(self, request: Request) -> Response:
         css = (Path(__file__).parent / "static" / "console.css").read_text(encoding="utf-8")
@@ -294,13 +224,6 @@ class _Pages:
         )  # fmt: skip
         return HTMLResponse(page)
 
-    def _visible_task(self, request: Request, session: Session) -> Task | None:
-        try:
-            task = load_task(self.c.store, request.path_params["task_id"])
-        except OutloopError:
-            return None
-        return task if task.workspace_id in self.c.workspaces(session) else None
-
     async def task(self, request: Request) -> Response:
         session = self._needs_session(request)
         if isinstance(session, Response):
@@ -313,8 +236,10 @@ class _Pages:
         history = [
             (at, state, shown(event)) for at, state, event in self.c.store.task_events(task.task_id)
         ]
+        held = [g for g in task.open_gates if g.kind in console.HOLDS]
         return self.render(
             "task.j2", session=session, token=session.form_token(), task=row_of(task),
+            thread=await thread_of(self, task), held=held, release_token=session.form_token(),
             request=asked, history=history, decidable=task.state in console.DECIDABLE and asked,
             notice=request.query_params.get("notice", ""),
             draft_subject=shown(draft.subject) if draft else "",
@@ -358,7 +283,7 @@ class _Pages:
                 self.c.store, task_id, self.c.clock, approver=session.address,
                 decision=decision, draft_digest=str(form.get("draft_digest", "")),
                 recipients=tuple(str(r) for r in form.getlist("recipient")),
-                note=str(form.get("note", "")), where=_client(request),
+                note=str(form.get("note", "")), where=client_of(request),
             )  # fmt: skip
         except OutloopError as exc:
             refused = isinstance(exc, GateRefused)

@@ -12,10 +12,11 @@ import uvicorn
 from axe_playwright_python.async_playwright import Axe
 from playwright.async_api import Page, async_playwright
 
+from agent.domain.errors import AuthChallengeUnresolved
 from agent.domain.secrets import Secret
 from agent.domain.states import TaskState
 from agent.rendering.render import render_message
-from agent.services import approvals, drafts, workspaces
+from agent.services import approvals, challenges, drafts, learning, workspaces
 from agent.storage.sqlite import SqliteStore
 from agent.testing import FrozenClock
 from managed_login import console as credentials
@@ -26,7 +27,9 @@ from tests.browser import LAUNCH_ARGS, chromium_executable
 from tests.conftest import context_yaml
 from tests.fixtures.web.conftest import artifacts
 from tests.mcp.test_console import OPERATOR, PASSWORD, with_operator
+from tests.mcp.test_console_operations import BoxBodies
 from tests.services.gates_world import APPROVER, CLIENT, World
+from tests.services.test_console_actions import with_person
 
 pytestmark = pytest.mark.anyio
 HEBREW_BODY = "שלום דנה,\n\nהמחיר הוא **$1,200** למזהה A-17, פרטים ב-https://example.com/q/17."
@@ -172,3 +175,73 @@ async def test_the_sign_in_form_and_the_decision_are_reachable_by_keyboard(
     await page.keyboard.press("Enter")
     await page.get_by_role("status").wait_for()
     assert world.task(task_id).state is TaskState.CHANGES_REQUESTED
+
+
+@pytest.fixture
+def served_with_bodies(
+    station_store: SqliteStore,
+    data_dir: workspaces.DataDir,
+    clock: FrozenClock,
+    register: Callable[[str], str],
+) -> Iterator[tuple[Served, World]]:
+    ws = register(with_operator(context_yaml()))
+    world = World(station_store, data_dir, ws, clock)
+    vault = open_vault(data_dir.root / "vault", "plain")
+    credentials.set_password(station_store, vault, OPERATOR, Secret(PASSWORD))
+    own = SqliteStore(data_dir.database)
+    console = Console(own, data_dir.root, vault, clock, secure=False, bodies=BoxBodies(world))
+    server = Served(console)
+    try:
+        yield server, world
+    finally:
+        server.stop()
+        own.close()
+
+
+async def test_an_operator_works_the_runs_and_proposals_pages_by_role_and_name(
+    served_with_bodies: tuple[Served, World], page: Page
+) -> None:
+    server, world = served_with_bodies
+    world.deliver(sender=CLIENT, thread=1, text="שלום,\nאשמח להצעת מחיר\u200f למזהה A-17.")
+    await world.intake()
+    task_id = world.only_task().task_id
+    with_person(world)
+    challenges.keep(
+        world.store, world.workspace_id, "support@fabrikam.test", "browser",
+        AuthChallengeUnresolved("asks to approve a push", "approve it on the worker phone",
+                                challenge="push_approval"),
+        world.clock.now(),
+    )  # fmt: skip
+    pid = learning.submit(
+        world.store, world.workspace_id, kind="rule", summary="Quote in shekels",
+        detail="Dana asked twice", evidence=(), clock=world.clock,
+    ).proposal_id  # fmt: skip
+    await sign_in(page, server.url, OPERATOR)
+    await page.goto(server.url + f"/tasks/{task_id}")
+    body = page.locator(".message .body")
+    assert await body.evaluate("e => getComputedStyle(e).direction") == "rtl"
+    assert await body.locator("mark").inner_text() == "[U+200F]"
+    await no_violations(page)
+    await page.goto(server.url + f"/workspaces/{world.workspace_id}")
+    await page.get_by_role("link", name="Runs").click()
+    await page.get_by_role("heading", name="Reconciliation of the latest runs").wait_for()
+    await no_violations(page)
+    await page.screenshot(path=artifacts("console") / "runs.png", full_page=True)
+    await page.get_by_label("What you did to resolve it").fill("approved the push")
+    async with page.expect_navigation():
+        await page.get_by_role("button", name="Acknowledge resolved").click()
+    assert "acknowledged resolved" in await page.get_by_role("status").inner_text()
+    await page.get_by_role("link", name="Learning proposals").click()
+    await no_violations(page)
+    await page.get_by_role("link", name="Quote in shekels").click()
+    await no_violations(page)
+    area = page.get_by_label("Workspace context (YAML)", exact=False)
+    text = await area.input_value()
+    await area.fill(text.replace("language: he", "language: en"))
+    await page.get_by_role("button", name="Show the change").click()
+    await page.get_by_role("heading", name="The change, checked").wait_for()
+    await no_violations(page)
+    async with page.expect_navigation():
+        await page.get_by_role("button", name="Accept and write this change").click()
+    assert f"{pid} accepted" in await page.get_by_role("status").inner_text()
+    assert workspaces.load_context(world.store, world.workspace_id).language == "en"

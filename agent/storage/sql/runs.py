@@ -22,8 +22,8 @@ from agent.domain.dispositions import (
 )
 from agent.domain.errors import StoreError
 from agent.domain.mail import ScannedMessage
-from agent.domain.run import LedgerEntry, MailboxCursor, OpenRun, Reconciliation
-from agent.storage.sql.core import Row, SqlBase, Tx, Verified, chunks, dt, ts
+from agent.domain.run import LedgerEntry, MailboxCursor, OpenRun, Reconciliation, RunRow
+from agent.storage.sql.core import Row, SqlBase, Tx, Verified, chunks, dt, record_of, ts
 
 
 class RunRows(SqlBase):
@@ -395,6 +395,21 @@ class RunRows(SqlBase):
         if not rows or rows[0]["summary"] is None:
             return None
         return Reconciliation.model_validate(json.loads(rows[0]["summary"]))
+
+    def recent_runs(self, scope: str, limit: int = 20) -> list[RunRow]:
+        rows = self._read(
+            "SELECT run_id, scope, holder, started_at, summary FROM runs WHERE scope = ?"
+            " ORDER BY started_at DESC, run_id DESC LIMIT ?",
+            (scope, limit),
+        )
+        return [
+            record_of(
+                RunRow, r, times=("started_at",),
+                summary=None if r["summary"] is None
+                else Reconciliation.model_validate(json.loads(r["summary"])),
+            )
+            for r in rows
+        ]  # fmt: skip
 
     def list_runs(self) -> list[str]:
         return [str(r["run_id"]) for r in self._read("SELECT run_id FROM runs ORDER BY started_at")]

@@ -308,3 +308,10 @@ class RunLedgerContract(StoreContract):
         assert store.run_holder("run-1") is None
         assert store.run_holder("run-unknown") is None
         assert store.list_runs() == ["run-1", "run-2"]
+        store.start_run("run-3", WS, ALIVE, clock.now() + timedelta(seconds=2))
+        [newest, first] = store.recent_runs(WS)
+        assert (newest.run_id, newest.summary) == ("run-3", None)
+        assert first.run_id == "run-1" and first.started_at == clock.now()
+        assert first.summary == store.run_summary("run-1") and first.summary is not None
+        assert [r.run_id for r in store.recent_runs(WS, limit=1)] == ["run-3"]
+        assert [r.run_id for r in store.recent_runs("station")] == ["run-2"]
