@@ -392,6 +392,21 @@ class Proposals(Protocol):
         is not queued (decided already, or unknown)."""
         ...
 
+    def accept_proposal(
+        self,
+        proposal_id: str,
+        by: str,
+        note: str,
+        at: datetime,
+        row: WorkspaceRow,
+        expect_sha256: str,
+    ) -> LearningProposal | None:
+        """In one transaction: accept the queued proposal and write ``row``'s context over
+        the one whose digest is ``expect_sha256`` (its mailbox bindings unchanged). None
+        when the proposal is not queued; InvalidRequest, nothing written, when the context
+        is no longer that one."""
+        ...
+
 
 class Health(Protocol):
     """Health events operators watch (a failing provider, an overdue reminder)."""

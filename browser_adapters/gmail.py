@@ -57,6 +57,7 @@ from agent.providers import mime, rfc822
 from browser_adapters.gmail_pages import GmailComposer, GmailPage, OriginalPage
 from browser_adapters.session import Browsers
 from browser_adapters.webmail import (
+    ChallengeKeeper,
     Cursor,
     WebMail,
     carries,
@@ -393,6 +394,7 @@ def open_gmail_web(
     *,
     read: Callable[[str], Secret],
     person_seconds: float | None = None,
+    challenges: ChallengeKeeper | None = None,
 ) -> GmailWeb:
     """The mailbox's Gmail channel, its worker's secrets read by name from the vault
     when a login needs them."""
@@ -404,4 +406,5 @@ def open_gmail_web(
         binding,
         read=read,
         person_seconds=person_seconds,
+        challenges=challenges,
     )

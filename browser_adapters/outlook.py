@@ -52,6 +52,7 @@ from agent.providers import rfc822
 from browser_adapters.outlook_pages import Composer, MailPage
 from browser_adapters.session import Browsers
 from browser_adapters.webmail import (
+    ChallengeKeeper,
     Cursor,
     WebMail,
     carries,
@@ -391,6 +392,7 @@ def open_outlook_web(
     *,
     read: Callable[[str], Secret],
     person_seconds: float | None = None,
+    challenges: ChallengeKeeper | None = None,
 ) -> OutlookWeb:
     """The mailbox's Outlook on the web channel, its worker's secrets read by name from the vault
     when a login needs them."""
@@ -402,4 +404,5 @@ def open_outlook_web(
         binding,
         read=read,
         person_seconds=person_seconds,
+        challenges=challenges,
     )

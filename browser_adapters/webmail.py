@@ -164,8 +164,10 @@ class WebMail(ABC):
         person_seconds: float | None = None,
         page_size: int = 25,
         sent_copy_latency: timedelta = timedelta(seconds=120),
+        challenges: ChallengeKeeper | None = None,
     ) -> None:
         self._browser = browser
+        self._challenges = challenges
         self._mailbox_id = mailbox_id.lower()
         self._account = (account or mailbox_id).lower()
         self._verified = False
@@ -337,6 +339,7 @@ class WebMail(ABC):
         the session is kept and anything is read."""
         self._page = None
         self._refuse_a_refused_password()
+        self._refuse_a_kept_challenge()
         async with self._browser.sign_in_context() as context:
             page = await context.new_page()
             await goto(page, self._app)
@@ -356,8 +359,10 @@ class WebMail(ABC):
             except PasswordRefused:
                 self._browser.note_password_refused(datetime.now(UTC).isoformat(timespec="seconds"))
                 raise
-            except AuthChallengeUnresolved:
+            except AuthChallengeUnresolved as exc:
                 if self._person_seconds is None:
+                    if self._challenges is not None:
+                        self._challenges.keep(exc)
                     raise
                 await arrived.wait_for(timeout=self._person_seconds * 1000)
                 report = LoginReport(
@@ -379,6 +384,13 @@ class WebMail(ABC):
                 "store the worker's current password with `outloop vault set`, then run "
                 f"`outloop login --workspace {self._workspace_id} --mailbox {self._mailbox_id}`",
             )
+
+    def _refuse_a_kept_challenge(self) -> None:
+        """A challenge a person has not resolved yet stops the login again at once: the
+        provider's sign-in is not asked again (an operator's ``outloop login`` may)."""
+        kept = self._challenges.kept() if self._challenges is not None else None
+        if kept is not None and not self._operator_asked:
+            raise kept
 
     async def _verify_account(self, page: Page) -> None:
         """The app shows the bound account, or nothing is read: the kept session is
@@ -797,6 +809,14 @@ def carries(markup: str, token: str, prefixes: str = "") -> bool:
     return re.search(rf'class="(?:{prefixes})?{re.escape(token)}"', markup) is not None
 
 
+class ChallengeKeeper(Protocol):
+    """Where the mailbox's sign-in challenges are kept for every process of the station
+    (``agent.services.challenges.Keeper``)."""
+
+    def kept(self) -> AuthChallengeUnresolved | None: ...
+    def keep(self, exc: AuthChallengeUnresolved) -> None: ...
+
+
 def open_web_app(
     kind: type[W],
     default_url: str,
@@ -806,6 +826,7 @@ def open_web_app(
     *,
     read: Callable[[str], Secret],
     person_seconds: float | None = None,
+    challenges: ChallengeKeeper | None = None,
 ) -> W:
     """The mailbox's channel through the web app ``kind`` drives (at ``default_url``
     unless the binding names another), its worker's secrets read by name from the vault
@@ -834,4 +855,5 @@ def open_web_app(
         account=access.account,
         person_seconds=person_seconds,
         sent_copy_latency=timedelta(seconds=access.sent_copy_latency_seconds),
+        challenges=challenges,
     )

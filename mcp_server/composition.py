@@ -18,13 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from agent.domain.context import MailboxBinding
-from agent.domain.errors import (
-    AccessRefused,
-    AuthChallengeUnresolved,
-    AuthenticationExpired,
-    ContextError,
-    Unsupported,
-)
+from agent.domain.errors import AccessRefused, AuthenticationExpired, ContextError, Unsupported
 from agent.domain.internal_mail import Kind
 from agent.domain.mail import Channel
 from agent.domain.pack import Drift, WheelPin, code_digest
@@ -254,25 +248,6 @@ def _vault_key(settings: Settings, backend: vault.Backend) -> Secret | None:
     )
 
 
-@dataclass(frozen=True)
-class KeptChallenges:
-    """The sign-in challenges of one mailbox, kept in the station's health records."""
-
-    health: Health
-    workspace_id: str
-    mailbox_id: str
-    clock: Clock
-
-    def gap(self, channel: Channel) -> str | None:
-        found = challenges.unresolved(self.health, self.workspace_id, self.mailbox_id, channel)
-        return found.gap() if found is not None else None
-
-    def keep(self, channel: Channel, exc: AuthChallengeUnresolved) -> None:
-        challenges.keep(
-            self.health, self.workspace_id, self.mailbox_id, channel, exc, self.clock.now()
-        )
-
-
 class Providers:
     """The installed mail adapters, as the intake and the tools reach a workspace's mailbox:
     the first of its permitted channels, in the canonical order, that an adapter reaches.
@@ -303,8 +278,6 @@ class Providers:
         """The mailbox's one permitted channel, or a route through its permitted channels
         in the canonical order when it has several (``agent.services.access``)."""
         channels = binding.permitted_channels
-        if channels == (Channel.BROWSER,) and self._health is not None:
-            return self.route(workspace_id, binding)  # it keeps the challenges login meets
         if len(channels) == 1:
             return self._build(workspace_id, binding, channels[0])
         return self.route(workspace_id, binding)
@@ -342,11 +315,6 @@ class Providers:
             refusals=self._refusals,
             key=key,
             keep_refusal=partial(self._keep_refusal, workspace_id, binding.mailbox_id, key),
-            challenges=(
-                None
-                if self._health is None
-                else KeptChallenges(self._health, workspace_id, binding.mailbox_id, self._clock)
-            ),
         )
 
     def _keep_refusal(self, workspace_id: str, mailbox_id: str, key: str, refusal: Refusal) -> None:
@@ -484,6 +452,11 @@ class Providers:
             binding,
             read=partial(self._secret, workspace_id, binding),
             person_seconds=person_seconds,
+            challenges=None
+            if self._health is None
+            else challenges.Keeper(
+                self._health, workspace_id, binding.mailbox_id, Channel.BROWSER, self._clock
+            ),
         )
 
     async def aclose(self) -> None:

@@ -117,6 +117,17 @@ def test_login_at_a_challenge_exits_5_with_the_code_and_the_headed_command(
     assert f"outloop login --workspace {WORKSPACE} --mailbox {station.address} --headed" in (
         done.stderr
     )
+    station.admin.faults(web_challenge=None)  # a person resolved it; nobody said so yet
+    run = station.outloop("run", "--workspace", WORKSPACE, "--once", "--access", "browser")
+    assert (
+        run.returncode == 4
+        and "does not sign in again until an operator acknowledges it" in run.shown
+    )
+    resolved = station.login()
+    assert resolved.returncode == 0, resolved.shown
+    assert "the approve_sign_in challenge is resolved" in resolved.stdout
+    run = station.outloop("run", "--workspace", WORKSPACE, "--once", "--access", "browser")
+    assert run.returncode == 0, run.shown
 
 
 def test_login_of_a_mailbox_that_does_not_permit_the_browser_says_what_to_add(

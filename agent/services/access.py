@@ -30,11 +30,10 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from enum import StrEnum
-from typing import Protocol, TypeVar
+from typing import TypeVar
 
 from agent.domain.errors import (
     AccessRefused,
-    AuthChallengeUnresolved,
     AuthenticationExpired,
     NotFound,
     NotHandedOver,
@@ -114,18 +113,6 @@ class Refusal:
     at: datetime
 
 
-class ChallengeBook(Protocol):
-    """Where a route keeps the sign-in challenges its channels meet, so that no process of
-    the station sends managed login back to one before a person resolved it
-    (``agent.services.challenges``)."""
-
-    def gap(self, channel: Channel) -> str | None:
-        """The channel's open challenge as an access gap, if it has one."""
-        ...
-
-    def keep(self, channel: Channel, exc: AuthChallengeUnresolved) -> None: ...
-
-
 def is_gap(exc: ProviderError) -> bool:
     """An access gap (the next channel may do it), not a refusal or an answer."""
     if isinstance(exc, AccessRefused | OutcomeUnknown):
@@ -152,7 +139,6 @@ class AccessRoute:
         refusals: dict[str, Refusal] | None = None,
         key: str = "",
         keep_refusal: Callable[[Refusal], None] | None = None,
-        challenges: ChallengeBook | None = None,
     ) -> None:
         if not candidates:
             raise ValueError("a route needs at least one permitted channel")
@@ -167,7 +153,6 @@ class AccessRoute:
         self._refusals: dict[str, Refusal] = {} if refusals is None else refusals
         self._key = key or mailbox_id
         self._keep_refusal = keep_refusal
-        self._challenges = challenges
         self._prepared: Channel | None = None
         self._current = candidates[0].channel
 
@@ -246,18 +231,10 @@ class AccessRoute:
         try:
             adapter = candidate.build()
         except ProviderError as exc:
-            self._kept(candidate.channel, exc)
             self._gap(candidate.channel, f"no connector: {exc}")
             return None
         self._built[candidate.channel] = adapter
         return adapter
-
-    def _kept(self, channel: Channel, exc: ProviderError) -> None:
-        if isinstance(exc, AuthChallengeUnresolved) and self._challenges is not None:
-            self._challenges.keep(channel, exc)
-
-    def _challenged(self, channel: Channel) -> str | None:
-        return self._challenges.gap(channel) if self._challenges is not None else None
 
     def _gap(self, channel: Channel, reason: str) -> None:
         self._held[channel] = (self._clock.now(), reason)
@@ -318,9 +295,6 @@ class AccessRoute:
         """``operation`` through the first permitted channel that does it."""
         last: ProviderError | None = None
         for candidate in self._open(action):
-            if (challenged := self._challenged(candidate.channel)) is not None:
-                self._gap(candidate.channel, challenged)
-                continue
             adapter = self._adapter(candidate)
             if adapter is None or not usable(adapter):
                 continue
@@ -337,7 +311,6 @@ class AccessRoute:
             except ProviderError as exc:
                 if not is_gap(exc):
                     raise
-                self._kept(candidate.channel, exc)
                 self._gap(candidate.channel, f"{type(exc).__name__}: {exc}")
                 last = exc
                 continue
@@ -434,8 +407,6 @@ class AccessRoute:
                 continue
             if refusal is not None and refusal.channel == channel:
                 status = ChannelStatus(channel, ChannelState.REFUSED, refusal.reason)
-            elif (challenged := self._challenged(channel)) is not None:
-                status = ChannelStatus(channel, ChannelState.GAP, challenged)
             else:
                 status = await self._status(candidate)
                 if status.state is ChannelState.REFUSED:

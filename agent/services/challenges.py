@@ -3,21 +3,23 @@
 Seed 000 s.9: a provider-imposed challenge managed login cannot complete (a push to approve,
 "more information required", a locked account, a bot check) is AUTH_CHALLENGE_UNRESOLVED and
 stops before client data. It is kept in the station's health records, so every process of
-the station honours it: the channel that met it is an access gap, and managed login does not
-go back to the provider's sign-in by itself, until an operator of the workspace acknowledges
-that they resolved it (the console), or a person signs the mailbox in with ``outloop login``.
+the station honours it: managed login of that mailbox's channel stops with it again at once,
+without going back to the provider's sign-in (an access route moves on to its next permitted
+channel), until an operator of the workspace acknowledges that they resolved it (the
+console), or a person signs the mailbox in with ``outloop login``.
 Each acknowledgement names who, when, from where and what they did.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Protocol
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from agent.domain.errors import AuthChallengeUnresolved, InvalidRequest
-from agent.ports import Health, Registry
+from agent.ports import Clock, Health, Registry
 from agent.services.console import require_operator
 from agent.services.workspaces import load_context
 
@@ -48,11 +50,12 @@ class Challenge(BaseModel):
         return self.acknowledged_by is None
 
     def gap(self) -> str:
-        """The channel's access gap while it is open."""
+        """Why managed login waits while it is open."""
         return (
-            f"AUTH_CHALLENGE_UNRESOLVED since {self.met_at:%Y-%m-%d %H:%M} UTC "
-            f"({self.challenge}): {self.action}; managed login waits until an operator "
-            "acknowledges it resolved (the console) or `outloop login` signs the mailbox in"
+            f"the sign-in met a challenge on {self.met_at:%Y-%m-%d %H:%M} UTC "
+            f"({self.challenge}) that a person must resolve; managed login does not sign in "
+            "again until an operator acknowledges it resolved (the console) or "
+            "`outloop login` signs the mailbox in"
         )
 
 
@@ -104,6 +107,29 @@ def unresolved(store: Health, workspace_id: str, mailbox_id: str, channel: str) 
     )
 
 
+@dataclass(frozen=True)
+class Keeper:
+    """One mailbox channel's challenges, as its managed login keeps and honours them."""
+
+    health: Health
+    workspace_id: str
+    mailbox_id: str
+    channel: str
+    clock: Clock
+
+    def kept(self) -> AuthChallengeUnresolved | None:
+        """The channel's open challenge, as the error managed login stops with."""
+        found = unresolved(self.health, self.workspace_id, self.mailbox_id, self.channel)
+        if found is None:
+            return None
+        return AuthChallengeUnresolved(
+            f"mailbox {self.mailbox_id}: {found.gap()}", found.action, challenge=found.challenge
+        )
+
+    def keep(self, exc: AuthChallengeUnresolved) -> None:
+        keep(self.health, self.workspace_id, self.mailbox_id, self.channel, exc, self.clock.now())
+
+
 class ChallengeStore(Registry, Health, Protocol):
     """What acknowledging a challenge needs: the live context and the health records."""
 
@@ -118,16 +144,25 @@ def acknowledge(
     evidence: str,
     where: str,
     now: datetime,
+    seen: datetime | None = None,
 ) -> Challenge:
     """An operator of the workspace says they resolved the open challenge, and how; the
     channel is tried again. Refused, changing nothing, without an open challenge, without
-    evidence, or from someone without the operator role."""
+    evidence, from someone without the operator role, or when the open challenge is not the
+    one met at ``seen`` (what the person was shown)."""
     evidence = evidence.strip()
     if not evidence:
         raise InvalidRequest(
             "say what you did to resolve the challenge (it is recorded with your name)"
         )
     require_operator(load_context(store, workspace_id), by, "acknowledge a sign-in challenge")
+    open_now = unresolved(store, workspace_id, mailbox_id, channel)
+    if seen is not None and open_now is not None and open_now.met_at != seen:
+        raise InvalidRequest(
+            f"mailbox {mailbox_id} met a newer sign-in challenge ({open_now.challenge}, "
+            f"{open_now.met_at:%Y-%m-%d %H:%M} UTC) since the page was shown: reload and "
+            "resolve that one"
+        )
     said = f"{evidence} (from {where})"
     return _resolved(store, workspace_id, mailbox_id, channel, by, said, now)
 

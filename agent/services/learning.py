@@ -21,7 +21,8 @@ from agent.domain.errors import ContextError, InvalidRequest, UnknownWorkspace
 from agent.domain.records import LearningProposal, ProposalState, WorkspaceRow
 from agent.ports import Clock, Proposals, Registry
 from agent.services.console import require_operator
-from agent.services.workspaces import DataDir, load_context, stored_text, update_workspace
+from agent.services.contexts import registered_context
+from agent.services.workspaces import DataDir, load_context, save_text, stored_text
 
 
 class LearningStore(Registry, Proposals, Protocol):
@@ -107,6 +108,7 @@ def preview_change(
     current = row.context_text or ""
     if stored == current:
         raise InvalidRequest(f"that context is the one {proposal.workspace_id} has now")
+    _console_may_change(registered_context(row), context)
     diff = "".join(
         difflib.unified_diff(
             current.splitlines(keepends=True),
@@ -130,8 +132,9 @@ def accept(
     now: datetime,
 ) -> tuple[LearningProposal, WorkspaceRow]:
     """An operator accepts a proposal by writing the context it leads to: checked as
-    ``outloop workspace update`` checks a file, against the context the operator saw the
-    diff of (a context changed since is refused), decided once, then written."""
+    ``outloop workspace update`` checks a file, leaving ``CLI_ONLY`` alone, and written in
+    the transaction that decides the proposal, over the context the operator saw the diff
+    of (a context changed since is refused, nothing written)."""
     change = preview_change(store, data_dir, proposal_id, text)
     require_operator(load_context(store, change.proposal.workspace_id), by, "accept a proposal")
     if change.base_sha256 != base_sha256:
@@ -139,15 +142,41 @@ def accept(
             f"workspace {change.proposal.workspace_id}'s context changed since that diff was "
             "shown: review the new diff and accept again"
         )
+    existing = store.get_workspace(change.proposal.workspace_id)
+    if existing is None:
+        raise UnknownWorkspace(change.proposal.workspace_id)
     digest = hashlib.sha256(change.text.encode("utf-8")).hexdigest()
+    row = existing.model_copy(
+        update={"label": change.context.label, "context_sha256": digest,
+                "context_text": change.text, "updated_at": now},
+    )  # fmt: skip
     note = f"context {digest[:12]} written (from {where})"
-    decided = store.decide_proposal(proposal_id, ProposalState.ACCEPTED, by, note, now)
+    decided = store.accept_proposal(proposal_id, by, note, now, row, base_sha256)
     if decided is None:
         queued_proposal(store, proposal_id)  # names who decided it meanwhile
         raise InvalidRequest(f"proposal {proposal_id} is no longer queued")
-    path = data_dir.context_file(change.proposal.workspace_id)
-    row = update_workspace(store, data_dir, path, now, context=change.context)
+    save_text(data_dir, row.workspace_id, row.context_text or "")
     return decided, row
+
+
+CLI_ONLY = ("mailboxes", "grants", "task_board", "schedule")
+"""What an accepted proposal may not change: how the station reaches the mailboxes (servers,
+endpoints, paths, channels, credentials), the licence and grants, the task board and the
+schedule. Those change on the command line, where they are verified live."""
+
+
+def _console_may_change(now: WorkspaceContext, proposed: WorkspaceContext) -> None:
+    changed = [
+        name
+        for name in CLI_ONLY
+        if now.model_dump(include={name}) != proposed.model_dump(include={name})
+    ]
+    if changed:
+        raise InvalidRequest(
+            f"an accepted proposal does not change {', '.join(changed)}: change those in "
+            "the context file and run 'outloop workspace update' (or 'outloop workspace "
+            "bootstrap'), where they are verified"
+        )
 
 
 def reject(

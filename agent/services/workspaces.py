@@ -78,13 +78,19 @@ def stored_text(context: WorkspaceContext, base: Path) -> str:
 
 
 def _save_copy(data_dir: DataDir, context: WorkspaceContext, source: Path) -> tuple[Path, str, str]:
-    target = data_dir.context_file(context.workspace_id)
-    target.parent.mkdir(parents=True, exist_ok=True)
     text = stored_text(context, source.parent)
+    target = save_text(data_dir, context.workspace_id, text)
+    return target, hashlib.sha256(text.encode("utf-8")).hexdigest(), text
+
+
+def save_text(data_dir: DataDir, workspace_id: str, text: str) -> Path:
+    """Write the data directory's copy of a workspace's stored context text, atomically."""
+    target = data_dir.context_file(workspace_id)
+    target.parent.mkdir(parents=True, exist_ok=True)
     tmp = target.with_suffix(".yaml.tmp")
     tmp.write_text(text, encoding="utf-8")
     tmp.replace(target)
-    return target, hashlib.sha256(text.encode("utf-8")).hexdigest(), text
+    return target
 
 
 def add_workspace(

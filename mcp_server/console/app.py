@@ -37,7 +37,12 @@ from agent.domain.untrusted import shown
 from agent.ports import EmbeddedStore
 from agent.services import console, drafts
 from managed_login import console as credentials
-from mcp_server.console.operations import OperationPages, operation_routes, thread_of
+from mcp_server.console.operations import (
+    OperationPages,
+    gate_of,
+    operation_routes,
+    thread_of,
+)
 from mcp_server.console.pages import (
     COOKIE,
     CSP,
@@ -239,6 +244,7 @@ class _Pages(PagesBase):
         held = [g for g in task.open_gates if g.kind in console.HOLDS]
         return self.render(
             "task.j2", session=session, token=session.form_token(), task=row_of(task),
+            gate=gate_of(self.c.store, task, asked),
             thread=await thread_of(self, task), held=held, release_token=session.form_token(),
             request=asked, history=history, decidable=task.state in console.DECIDABLE and asked,
             notice=request.query_params.get("notice", ""),

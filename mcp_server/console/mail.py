@@ -14,9 +14,13 @@ from agent.domain.task import MessageRef, Task
 from agent.ports import MailProvider, Registry
 from agent.services.workspaces import load_context
 
+READ_SECONDS = 30.0
+"""How long a page waits for a mailbox to give a body before it says it could not."""
+
 
 class MailboxBodies:
-    """One adapter per mailbox, opened on first need and kept while the console runs."""
+    """One adapter per mailbox binding, opened on first need and kept while the console
+    runs (a changed binding opens a new one)."""
 
     def __init__(
         self,
@@ -27,14 +31,15 @@ class MailboxBodies:
         self._store = store
         self._providers = providers
         self._close_providers = close_providers
-        self._open: dict[tuple[str, str, str], MailProvider] = {}
+        self._open: dict[tuple[str, str], MailProvider] = {}
         self._lock = anyio.Lock()
 
     async def __call__(self, task: Task, message: MessageRef) -> MessageBody:
         if message.body_ref is None:
             raise ProviderError("the message's body is not kept where it can be read")
         adapter = await self._adapter(task)
-        return await adapter.fetch_body(message.body_ref)
+        with anyio.fail_after(READ_SECONDS):
+            return await adapter.fetch_body(message.body_ref)
 
     async def _adapter(self, task: Task) -> MailProvider:
         context = load_context(self._store, task.workspace_id)
@@ -43,7 +48,7 @@ class MailboxBodies:
             raise ProviderError(
                 f"mailbox {task.mailbox_id} is no longer bound to workspace {task.workspace_id}"
             )
-        key = (task.workspace_id, binding.provider, binding.mailbox_id)
+        key = (task.workspace_id, binding.model_dump_json())
         async with self._lock:
             if key not in self._open:
                 self._open[key] = self._providers(task.workspace_id, binding)

@@ -8,6 +8,7 @@ outcome. Agent-written and mail-derived text is shown as data, its hidden charac
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from datetime import datetime
 from typing import Any
@@ -17,16 +18,19 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, RedirectResponse, Response
 from starlette.routing import Route
 
+from agent.domain.approval import ApprovalRequest
 from agent.domain.context import WorkspaceContext
 from agent.domain.dispositions import Disposition
-from agent.domain.errors import GateRefused, OutloopError
+from agent.domain.errors import GateRefused, InvalidRequest, OutloopError
 from agent.domain.mail import MessageBody
 from agent.domain.records import HealthRecord, LearningProposal, ProposalState, SendRecord
 from agent.domain.schedule import next_runs
 from agent.domain.task import Task
 from agent.domain.untrusted import shown
+from agent.ports import EmbeddedStore
 from agent.rendering.text import visible_text
-from agent.services import challenges, console, learning, workspaces
+from agent.services import challenges, console, drafts, learning, workspaces
+from agent.services.gate_check import check_send
 from agent.services.outbound import SETTLEABLE
 from agent.services.workspaces import DataDir
 from mcp_server.console.pages import PagesBase, Session, client_of
@@ -38,13 +42,17 @@ def marked(text: str) -> Segments:
     """``text`` in runs of (text, hidden): each hidden character (a format or control
     character other than a line break or tab) written out as its code point, to be marked."""
     out: Segments = []
+    plain: list[str] = []
     for ch in text:
-        hidden = ch not in "\n\t" and shown(ch) != ch
-        piece = shown(ch) if hidden else ch
-        if out and out[-1][1] == hidden and not hidden:
-            out[-1] = (out[-1][0] + piece, False)
-        else:
-            out.append((piece, hidden))
+        if ch in "\n\t" or ch.isprintable() or shown(ch) == ch:
+            plain.append(ch)
+            continue
+        if plain:
+            out.append(("".join(plain), False))
+            plain = []
+        out.append((shown(ch), True))
+    if plain:
+        out.append(("".join(plain), False))
     return out
 
 
@@ -147,13 +155,15 @@ class OperationPages(PagesBase):
         error: str = "",
         status: int = 200,
     ) -> HTMLResponse:
+        context = workspaces.load_context(self.c.store, found.workspace_id)
+        operator = console.holds(context, session.address, {console.OPERATOR_ROLE})
         return self.render(
             "proposal.j2", status, session=session, token=session.form_token(),
-            proposal=_proposal_row(found), text=text, error=error,
+            proposal=_proposal_row(found), text=text, error=error, operator=operator,
             diff=_diff_lines(change.diff) if change else [],
             base_sha256=change.base_sha256 if change else "",
-            accept_token=session.form_token() if change else "",
-            reject_token=session.form_token(),
+            accept_token=session.form_token() if change and operator else "",
+            reject_token=session.form_token() if operator else "",
         )  # fmt: skip
 
     async def proposal_preview(self, request: Request) -> Response:
@@ -174,7 +184,29 @@ class OperationPages(PagesBase):
         return self._proposal_page(session, found, text, change=change)
 
     async def proposal_accept(self, request: Request) -> Response:
-        return await self._on_proposal(request, "accept", self._accept)
+        """Accept, or, when the context changed since the diff was shown, the proposal page
+        again with the text kept and its diff against the context now."""
+        seen = self._visible_proposal(request)
+        if isinstance(seen, Response):
+            return seen
+        session, found = seen
+        form = await request.form()
+        row = self.c.store.get_workspace(found.workspace_id)
+        posted = str(form.get("base_sha256", ""))
+        if row is None or row.context_sha256 == posted:
+            return await self._on_proposal(request, "accept", self._accept)
+        action = f"accept proposal {found.proposal_id}"
+        if not session.spend(str(form.get("form_token", ""))):
+            self.c.audit(request, session.address, action, "refused: form")
+            return self.refuse_form(session)
+        self.c.audit(request, session.address, action, "refused: the context changed")
+        text = str(form.get("context", ""))
+        why = "the context changed since that diff was shown; this is the diff against it now"
+        try:
+            change = learning.preview_change(self.c.store, self.data_dir, found.proposal_id, text)
+        except OutloopError as exc:
+            return self._proposal_page(session, found, text, error=f"{why}: {exc}", status=409)
+        return self._proposal_page(session, found, text, change=change, error=why, status=409)
 
     async def proposal_reject(self, request: Request) -> Response:
         return await self._on_proposal(request, "reject", self._reject)
@@ -222,14 +254,16 @@ class OperationPages(PagesBase):
             return session
         context = workspaces.load_context(self.c.store, workspace_id)
         health = [h for h in self.c.store.list_health() if _about(h, workspace_id)]
+        kept = challenges.listed(self.c.store, workspace_id)
+        sends = [self._send_row(s) for s in self._sends(workspace_id)]
         return self.render(
             "runs.j2", session=session, token=session.form_token(), workspace_id=workspace_id,
             notice=request.query_params.get("notice", ""),
             runs=self._run_rows(workspace_id), next_runs=self._next_runs(workspace_id, context),
             access=_access_rows(context, health), health=[_health_row(h) for h in health],
-            challenges=[(c, session.form_token()) for c in challenges.listed(
-                self.c.store, workspace_id)],
-            sends=[(self._send_row(s), session.form_token()) for s in self._sends(workspace_id)],
+            challenges=[(_challenge_row(c), session.form_token() if c.open else "")
+                        for c in kept],
+            sends=[(s, session.form_token() if s["settleable"] else "") for s in sends],
         )  # fmt: skip
 
     def _run_rows(self, workspace_id: str) -> list[dict[str, Any]]:
@@ -237,7 +271,7 @@ class OperationPages(PagesBase):
         for run in self.c.store.recent_runs(workspace_id):
             failed = (
                 [
-                    (e.item_ref, e.mailbox_id, shown(e.detail))
+                    (shown(e.item_ref), shown(e.mailbox_id), shown(e.detail))
                     for e in self.c.store.ledger(run.run_id)
                     if e.disposition is Disposition.RECONCILIATION_FAILED
                 ]
@@ -266,7 +300,8 @@ class OperationPages(PagesBase):
         ) else None  # fmt: skip
         return {
             "key": record.key, "kind": record.kind, "state": record.state.value,
-            "channel": record.channel or "none yet", "recipients": record.recipients,
+            "channel": record.channel or "none yet",
+            "recipients": [shown(r) for r in record.recipients],
             "sent_at": record.sent_at, "task_id": record.task_id, "detail": shown(record.detail),
             "readback": shown(readback) if readback else None,
             "settleable": record.state in SETTLEABLE,
@@ -280,7 +315,7 @@ class OperationPages(PagesBase):
                 self.c.store, workspace_id, str(form.get("mailbox", "")),
                 str(form.get("channel", "")), by=session.address,
                 evidence=str(form.get("evidence", "")), where=self._where(request),
-                now=self.c.clock.now(),
+                now=self.c.clock.now(), seen=_moment(str(form.get("met_at", ""))),
             )  # fmt: skip
             return f"the {done.challenge} challenge of {done.mailbox_id} is acknowledged resolved"
 
@@ -355,6 +390,30 @@ async def thread_of(pages: PagesBase, task: Task) -> list[dict[str, Any]]:
     return out
 
 
+def gate_of(
+    store: EmbeddedStore, task: Task, asked: ApprovalRequest | None
+) -> dict[str, Any] | None:
+    """The send gate's verdict on the latest requested draft to its recipients, as the send
+    tool would judge it now: ready with its approval basis, or every blocking reason; and
+    each recipient with its class and the evidence for it."""
+    if asked is None or not asked.recipients:
+        return None
+    record, rendered = drafts.load_draft(store, task.task_id, asked.draft_id)
+    gate = check_send(store, task.task_id, drafts.facts(record, rendered), to=asked.recipients)
+    return {
+        "ready": gate.ready, "communication": gate.communication.value,
+        "basis": shown(gate.approval_basis or ""),
+        "reasons": [(r.blocker.value, shown(r.detail), r.owner) for r in gate.reasons],
+        "recipients": [
+            (c.address, c.recipient_class.value, [shown(e) for e in c.evidence],
+             shown(c.conflict or ""), list(c.flags))
+            for c in gate.plan.everyone
+        ],
+        "removed": [(r.address, shown(r.reason)) for r in gate.plan.removed],
+        "added_cc": list(gate.plan.added_default_cc),
+    }  # fmt: skip
+
+
 def _words(body: MessageBody) -> str:
     """The plain-text part, else the visible text of the HTML part (as the MCP tools give
     it), with its hidden characters still in it to be marked."""
@@ -365,7 +424,7 @@ def _words(body: MessageBody) -> str:
 def _proposal_row(proposal: LearningProposal) -> dict[str, Any]:
     return {
         "proposal_id": proposal.proposal_id, "workspace_id": proposal.workspace_id,
-        "kind": proposal.kind, "summary": marked(proposal.summary),
+        "kind": shown(proposal.kind), "summary": marked(proposal.summary),
         "detail": marked(proposal.detail), "evidence": [shown(e) for e in proposal.evidence],
         "state": proposal.state.value, "submitted_at": proposal.submitted_at,
         "decided_by": proposal.decided_by, "decided_at": proposal.decided_at,
@@ -385,6 +444,36 @@ def _diff_lines(diff: str) -> list[tuple[str, str]]:
 def _about(record: HealthRecord, workspace_id: str) -> bool:
     """A health record of the workspace (its challenges are shown on their own)."""
     return workspace_id in record.key.split() and not record.key.startswith(challenges.PREFIX)
+
+
+def _moment(value: str) -> datetime:
+    try:
+        return datetime.fromisoformat(value)
+    except ValueError as exc:
+        raise InvalidRequest("this form does not say which challenge it is about: reload") from exc
+
+
+def _refused_on(refusal: HealthRecord | None, channel: str) -> str:
+    """The kept refusal's reason when ``channel`` is the one that refused."""
+    if refusal is None:
+        return ""
+    try:
+        kept = json.loads(refusal.detail)
+        return shown(str(kept["reason"])) if kept["channel"] == channel else ""
+    except (ValueError, KeyError, TypeError):
+        return shown(refusal.detail)
+
+
+def _challenge_row(challenge: challenges.Challenge) -> dict[str, Any]:
+    return {
+        "open": challenge.open, "mailbox": shown(challenge.mailbox_id),
+        "channel": shown(challenge.channel), "challenge": shown(challenge.challenge),
+        "action": shown(challenge.action), "met_at": challenge.met_at,
+        "by": challenge.acknowledged_by, "at": challenge.acknowledged_at,
+        "evidence": shown(challenge.evidence or ""),
+        "raw_mailbox": challenge.mailbox_id, "raw_channel": challenge.channel,
+        "met_key": challenge.met_at.isoformat(),
+    }  # fmt: skip
 
 
 def _health_row(record: HealthRecord) -> dict[str, Any]:
@@ -408,9 +497,7 @@ def _access_rows(context: WorkspaceContext, health: list[HealthRecord]) -> list[
                     "channel": channel.value,
                     "step": shown(step.detail) if step else "no step recorded yet",
                     "at": step.recorded_at if step else None,
-                    "refused": shown(refusal.detail)
-                    if refusal and channel.value in refusal.detail
-                    else "",
+                    "refused": _refused_on(refusal, channel.value),
                 }
             )
     return rows

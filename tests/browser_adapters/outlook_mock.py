@@ -68,7 +68,11 @@ class OutlookAccount:
         )
 
     def build(
-        self, *, page_size: int = 3, worker: Callable[[], WorkerSignIn] | None = None
+        self,
+        *,
+        page_size: int = 3,
+        worker: Callable[[], WorkerSignIn] | None = None,
+        challenges: webmail.ChallengeKeeper | None = None,
     ) -> WebMail:
         browsers = Browsers(self.settings())
         self.browsers.append(browsers)
@@ -79,6 +83,7 @@ class OutlookAccount:
             worker or self.worker,
             workspace_id="ws-test",
             page_size=page_size,
+            challenges=challenges,
         )
 
     async def aclose(self) -> None:

@@ -79,6 +79,39 @@ async def test_a_challenge_stops_the_login_before_client_data_and_says_what_to_d
     assert unread(account) == [True]
 
 
+class Kept:
+    """The station's kept challenges, as every process of it reads them (in memory here;
+    ``agent.services.challenges`` keeps them in the store)."""
+
+    def __init__(self) -> None:
+        self.open: AuthChallengeUnresolved | None = None
+
+    def kept(self) -> AuthChallengeUnresolved | None:
+        return self.open
+
+    def keep(self, exc: AuthChallengeUnresolved) -> None:
+        self.open = exc
+
+
+async def test_a_kept_challenge_stops_later_logins_without_asking_the_provider_until_resolved(
+    account: OutlookAccount,
+) -> None:
+    account.deliver(raw_message(1))
+    account.admin.faults(web_challenge="approve_sign_in")
+    kept = Kept()
+    with pytest.raises(AuthChallengeUnresolved):
+        await account.build(challenges=kept).changes(None)
+    assert kept.open is not None and kept.open.challenge == "approve_sign_in"
+    account.admin.faults(web_challenge=None)  # the person approved it; nobody said so yet
+    with pytest.raises(AuthChallengeUnresolved) as again:  # another run
+        await account.build(challenges=kept).changes(None)
+    assert again.value is kept.open  # stopped by the kept challenge: no sign-in was tried
+    assert kept_sessions(account) == [] and unread(account) == [True]
+    assert (await account.build(challenges=kept).login()).steps == FULL  # the operator's login
+    kept.open = None  # which resolves it (outloop login records that)
+    await account.build(challenges=kept).changes(None)  # runs read again
+
+
 async def test_a_refused_code_is_followed_by_the_next_step_s_code(
     account: OutlookAccount,
 ) -> None:

@@ -137,15 +137,79 @@ async def test_an_approver_posting_the_accept_form_by_hand_is_refused_by_the_cor
     pid = proposal(ops_desk)
     before = stored_context(ops_desk)
     client = ops_desk.signed_in(APPROVER)
-    edited = before.replace("contacts:\n", "contacts:\n" + NEW_CONTACT, 1)
-    status, page = preview(client, pid, edited)
-    assert status == 200
-    answer = client.post(f"/proposals/{pid}/accept", data=accept_form(page))
+    page = client.get(f"/proposals/{pid}").text
+    assert "Only an operator of this workspace accepts" in page and "/accept" not in page
+    row = ops_desk.world.store.get_workspace(ops_desk.world.workspace_id)
+    assert row is not None
+    by_hand = {
+        "form_token": form_fields(page)["form_token"][0],  # a token of the session
+        "base_sha256": row.context_sha256,
+        "context": before.replace("contacts:\n", "contacts:\n" + NEW_CONTACT, 1),
+    }
+    answer = client.post(f"/proposals/{pid}/accept", data=by_hand)
     assert answer.status_code == 403 and "only an operator may accept" in answer.text
     assert stored_context(ops_desk) == before
     assert ops_desk.world.store.get_proposal(pid).state is ProposalState.QUEUED  # type: ignore[union-attr]
     [line] = [a for a in audit(ops_desk) if a["action"] == f"accept proposal {pid}"]
     assert line["who"] == APPROVER and line["outcome"].startswith("refused")
+
+
+async def test_an_accept_after_the_context_changed_shows_the_new_diff_and_writes_nothing(
+    ops_desk: Desk, tmp_path: Path
+) -> None:
+    pid = proposal(ops_desk)
+    client = ops_desk.signed_in(OPERATOR)
+    edited = stored_context(ops_desk).replace("contacts:\n", "contacts:\n" + NEW_CONTACT, 1)
+    _, page = preview(client, pid, edited)
+    elsewhere = tmp_path / "elsewhere.yaml"  # another operator's update meanwhile
+    elsewhere.write_text(
+        stored_context(ops_desk).replace("receipt_ack: false", "receipt_ack: true")
+    )
+    world = ops_desk.world
+    workspaces.update_workspace(world.store, world.data_dir, elsewhere, world.clock.now())
+    changed = stored_context(ops_desk)
+    answer = client.post(f"/proposals/{pid}/accept", data=accept_form(page))
+    assert answer.status_code == 409 and "the context changed since that diff was shown" in (
+        answer.text
+    )
+    assert '<span class="removed">-receipt_ack: true</span>' in answer.text
+    assert '<span class="added">+- address: lior.ben@contoso.test' in answer.text
+    assert stored_context(ops_desk) == changed
+    assert world.store.get_proposal(pid).state is ProposalState.QUEUED  # type: ignore[union-attr]
+
+
+async def test_nothing_of_a_workspace_the_person_does_not_see_can_be_read_or_acted_on(
+    ops_desk: Desk, register: Callable[[str], str]
+) -> None:
+    other = register(
+        context_yaml("ws-other-0002", mailbox="desk@northwind.test").replace(
+            "noa.bar@fabrikam.test", "ari.gold@northwind.test"
+        )
+    )
+    world = ops_desk.world
+    theirs = learning.submit(
+        world.store, other, kind="rule", summary="x", detail="", evidence=(), clock=world.clock
+    ).proposal_id
+    key = with_person(World(world.store, world.data_dir, other, world.clock))
+    client = ops_desk.signed_in(OPERATOR)
+    token = form_fields(client.get("/").text)["form_token"][0]
+    assert client.get(f"/proposals/{theirs}").status_code == 404
+    assert client.get(f"/workspaces/{other}/runs").status_code == 404
+    posted = client.post(f"/proposals/{theirs}/reject", data={"form_token": token, "reason": "no"})
+    assert posted.status_code == 404
+    settle = client.post(
+        f"/workspaces/{world.workspace_id}/sends",
+        data={"form_token": token, "send": key, "outcome": "sent", "evidence": "seen"},
+    )
+    assert settle.status_code == 403 and "no send" in settle.text
+    acknowledge = client.post(
+        f"/workspaces/{other}/challenges",
+        data={"form_token": token, "mailbox": "desk@northwind.test", "channel": "browser",
+              "met_at": "2026-11-30T09:00:00+00:00", "evidence": "x"},
+    )  # fmt: skip
+    assert acknowledge.status_code == 404
+    assert world.store.get_proposal(theirs).state is ProposalState.QUEUED  # type: ignore[union-attr]
+    assert world.store.get_send(key).state is SendState.WITH_PERSON  # type: ignore[union-attr]
 
 
 async def test_a_context_the_update_checks_refuse_is_shown_again_with_why(ops_desk: Desk) -> None:
@@ -342,3 +406,25 @@ async def test_off_loopback_the_console_sends_hsts_and_host_prefixed_secure_cook
     assert cookie.startswith("__Host-outloop_console=") and "Secure" in cookie
     assert "Path=/" in cookie and "Domain" not in cookie
     assert client.get("/").status_code == 200
+
+
+async def test_the_task_page_shows_the_send_gate_with_every_reason_and_each_recipients_class(
+    ops_desk: Desk,
+) -> None:
+    task_id = await ops_desk.waiting_task()
+    client = ops_desk.signed_in(APPROVER)
+    page = client.get(f"/tasks/{task_id}").text
+    gate = page[page.index("The send gate now") : page.index("<iframe")]
+    assert "Pending (client_facing)" in gate and "<strong>approval_missing</strong>" in gate
+    row = gate[gate.index(f"<bdi>{CLIENT}</bdi>") :]
+    assert "<td>client</td>" in row[:200] and "crm-record" in row[:400]
+    decision = page[page.index('class="decision"') :]
+    fields = form_fields(decision)
+    answer = client.post(
+        f"/tasks/{task_id}/decision",
+        data={"form_token": fields["form_token"][0], "draft_digest": fields["draft_digest"][0],
+              "recipient": fields["recipient"], "decision": "approve", "note": ""},
+    )  # fmt: skip
+    assert answer.status_code == 303
+    after = client.get(f"/tasks/{task_id}").text
+    assert "Ready (client_facing)" in after and "approval_missing" not in after

@@ -6,7 +6,6 @@ workspace gives it with what it rests on."""
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
-from typing import cast
 
 import pytest
 
@@ -17,12 +16,10 @@ from agent.domain.errors import (
     GateRefused,
     InvalidRequest,
 )
-from agent.domain.mail import Channel, Marker, MarkerKind
+from agent.domain.mail import Marker, MarkerKind
 from agent.domain.records import ProposalState, SendAttempt, SendIntent, SendState
-from agent.ports import MailProvider
 from agent.services import challenges, console, learning, workspaces
-from agent.services.access import AccessRoute, Candidate, ChannelState
-from agent.testing import FrozenClock, InMemoryProvider, make_envelope
+from agent.testing import FrozenClock
 from agent.testing.contexts import context_yaml
 from tests.services.gates_world import APPROVER, CLIENT, MAILBOX, World
 
@@ -103,6 +100,10 @@ async def test_accepting_a_proposal_writes_the_checked_context_after_showing_its
         (lambda t: t.replace("ws-test-0001", "ws-other-0002"), ContextError,
          "names workspace ws-other-0002"),
         (lambda t: t, InvalidRequest, "the one ws-test-0001 has now"),
+        (lambda t: t.replace("licence: active", "licence: suspended"), InvalidRequest,
+         "does not change grants"),
+        (lambda t: t.replace("    token_url: null", "    token_url: https://evil.example/token"),
+         InvalidRequest, "does not change mailboxes"),
     ],
 )  # fmt: skip
 async def test_a_proposal_change_the_update_checks_refuse_is_not_written(
@@ -158,101 +159,64 @@ async def test_a_rejection_records_why_and_leaves_the_context_alone(ops: World) 
 # -- sign-in challenges --------------------------------------------------------------------
 
 
-class Challenged:
-    """A browser channel whose managed login, on its first operation, meets a challenge no
-    machine may answer."""
-
-    def __init__(self) -> None:
-        self.logins = 0
-        self.capabilities = InMemoryProvider(MAILBOX).capabilities
-
-    def build(self) -> MailProvider:
-        return cast("MailProvider", self)
-
-    async def _sign_in(self, *_: object) -> object:
-        self.logins += 1
-        raise AuthChallengeUnresolved(
-            "Microsoft asks to approve a sign-in request on the worker's phone",
-            "approve it, or run `outloop login --headed`",
-            challenge="push_approval",
-        )
-
-    changes = health = _sign_in
+def keeper(world: World) -> challenges.Keeper:
+    """The browser channel's challenges as one process of the station keeps them."""
+    return challenges.Keeper(world.store, world.workspace_id, MAILBOX, "browser", world.clock)
 
 
-def browser_route(world: World, browser: Challenged, api: MailProvider) -> AccessRoute:
-    book = _Book(world)
-    return AccessRoute(
-        "microsoft", MAILBOX,
-        [Candidate(Channel.BROWSER, browser.build)] if api is None else
-        [Candidate(Channel.API, lambda: api), Candidate(Channel.BROWSER, browser.build)],
-        clock=world.clock, challenges=book,
-    )  # fmt: skip
+PUSH = AuthChallengeUnresolved(
+    "Microsoft asks to approve a sign-in request on the worker's phone",
+    "approve it, or run `outloop login --headed`",
+    challenge="push_approval",
+)
 
 
-class _Book:
-    def __init__(self, world: World) -> None:
-        self.world = world
-
-    def gap(self, channel: Channel) -> str | None:
-        found = challenges.unresolved(self.world.store, self.world.workspace_id, MAILBOX, channel)
-        return found.gap() if found is not None else None
-
-    def keep(self, channel: Channel, exc: AuthChallengeUnresolved) -> None:
-        challenges.keep(
-            self.world.store, self.world.workspace_id, MAILBOX, channel, exc, self.world.clock.now()
-        )
-
-
-async def test_a_challenge_stops_managed_login_in_every_route_until_an_operator_acknowledges_it(
+async def test_a_kept_challenge_stops_every_process_until_an_operator_acknowledges_it(
     ops: World,
 ) -> None:
-    browser = Challenged()
-    with pytest.raises(Exception, match="no permitted channel can read"):
-        await browser_route(ops, browser, None).changes(None)  # type: ignore[arg-type]
-    [kept] = challenges.listed(ops.store, ops.workspace_id)
-    assert kept.open and kept.challenge == "push_approval" and "--headed" in kept.action
-    ops.clock.advance(hours=2)  # long past the in-process hold: a new run, a new route
-    later = browser_route(ops, browser, None)  # type: ignore[arg-type]
-    with pytest.raises(Exception, match="AUTH_CHALLENGE_UNRESOLVED since"):
-        await later.changes(None)
-    [status] = await browser_route(ops, browser, None).evaluate()  # type: ignore[arg-type]
-    assert status.state is ChannelState.GAP and "acknowledges it resolved" in status.reason
-    assert browser.logins == 1  # the provider's sign-in was not asked again
+    keeper(ops).keep(PUSH)
+    ops.clock.advance(hours=2)
+    kept = keeper(ops).kept()  # another process of the station, later
+    assert kept is not None and kept.challenge == "push_approval"
+    assert kept.code == "AUTH_CHALLENGE_UNRESOLVED" and "--headed" in kept.action
+    assert "does not sign in again until an operator acknowledges it" in str(kept)
     with pytest.raises(InvalidRequest, match="say what you did"):
-        challenges.acknowledge(ops.store, ops.workspace_id, MAILBOX, Channel.BROWSER,
+        challenges.acknowledge(ops.store, ops.workspace_id, MAILBOX, "browser",
                                by=OPERATOR, evidence=" ", where=WHERE, now=ops.clock.now())  # fmt: skip
     with pytest.raises(GateRefused, match="only an operator"):
-        challenges.acknowledge(ops.store, ops.workspace_id, MAILBOX, Channel.BROWSER,
+        challenges.acknowledge(ops.store, ops.workspace_id, MAILBOX, "browser",
                                by=APPROVER, evidence="done", where=WHERE, now=ops.clock.now())  # fmt: skip
+    assert keeper(ops).kept() is not None  # a refused acknowledgement changes nothing
     done = challenges.acknowledge(
-        ops.store, ops.workspace_id, MAILBOX, Channel.BROWSER, by=OPERATOR,
+        ops.store, ops.workspace_id, MAILBOX, "browser", by=OPERATOR,
         evidence="approved the push on the worker phone", where=WHERE, now=ops.clock.now(),
     )  # fmt: skip
     assert not done.open and done.acknowledged_by == OPERATOR and WHERE in (done.evidence or "")
-    with pytest.raises(Exception, match="no permitted channel"):
-        await browser_route(ops, browser, None).changes(None)  # type: ignore[arg-type]
-    assert browser.logins == 2  # tried again once acknowledged
+    assert keeper(ops).kept() is None
+    [listed] = challenges.listed(ops.store, ops.workspace_id)
+    assert listed == done
     with pytest.raises(InvalidRequest, match="no unresolved sign-in challenge"):
-        challenges.acknowledge(ops.store, ops.workspace_id, "other@fabrikam.test", "browser",
+        challenges.acknowledge(ops.store, ops.workspace_id, MAILBOX, "browser",
                                by=OPERATOR, evidence="x", where=WHERE, now=ops.clock.now())  # fmt: skip
+    ops.clock.advance(days=1)
+    keeper(ops).keep(PUSH)  # met again later: open again
+    assert keeper(ops).kept() is not None
 
 
-async def test_a_challenged_browser_leaves_the_api_in_use_and_a_person_signing_in_resolves_it(
-    ops: World,
-) -> None:
-    api = InMemoryProvider(MAILBOX, "microsoft", clock=ops.clock)
-    api.deliver(make_envelope(mailbox_id=MAILBOX, message_no=1, thread_no=1))
-    challenges.keep(ops.store, ops.workspace_id, MAILBOX, Channel.BROWSER,
-                    AuthChallengeUnresolved("locked", "unlock it", challenge="locked"),
-                    ops.clock.now())  # fmt: skip
-    page = await browser_route(ops, Challenged(), api).changes(None)
-    assert len(page.items) == 1
+async def test_a_person_signing_the_mailbox_in_resolves_its_kept_challenge(ops: World) -> None:
+    assert (
+        challenges.signed_in(ops.store, ops.workspace_id, MAILBOX, "browser", ops.clock.now())
+        is None
+    )
+    keeper(ops).keep(PUSH)
     resolved = challenges.signed_in(
-        ops.store, ops.workspace_id, MAILBOX, Channel.BROWSER, ops.clock.now()
+        ops.store, ops.workspace_id, MAILBOX, "browser", ops.clock.now()
     )
     assert resolved is not None and resolved.acknowledged_by == "outloop login"
-    assert challenges.unresolved(ops.store, ops.workspace_id, MAILBOX, Channel.BROWSER) is None
+    assert keeper(ops).kept() is None
+    other = challenges.Keeper(ops.store, ops.workspace_id, "other@fabrikam.test", "browser",
+                              ops.clock)  # fmt: skip
+    assert other.kept() is None
 
 
 # -- a held send ---------------------------------------------------------------------------

@@ -5,7 +5,8 @@ from __future__ import annotations
 import json
 from datetime import datetime
 
-from agent.domain.records import LearningProposal, ProposalState
+from agent.domain.errors import InvalidRequest
+from agent.domain.records import LearningProposal, ProposalState, WorkspaceRow
 from agent.storage.sql.core import Row, SqlBase, Tx, Verified, record_of, ts
 
 
@@ -77,5 +78,48 @@ class ProposalRows(SqlBase):
                 (proposal_id, state.value, by, ts(at)),
             ).fetchone()
             return (self._proposal(row),) if row is not None else None
+
+        return self._write(body, verify)
+
+    def accept_proposal(
+        self,
+        proposal_id: str,
+        by: str,
+        note: str,
+        at: datetime,
+        row: WorkspaceRow,
+        expect_sha256: str,
+    ) -> LearningProposal | None:
+        def body(conn: Tx) -> LearningProposal | None:
+            decided = conn.execute(
+                "UPDATE learning_proposals SET state = ?, decided_by = ?, decided_at = ?,"
+                " decision_note = ? WHERE proposal_id = ? AND workspace_id = ? AND state = ?"
+                " RETURNING *",
+                (ProposalState.ACCEPTED.value, by, ts(at), note, proposal_id,
+                 row.workspace_id, ProposalState.QUEUED.value),
+            ).fetchone()  # fmt: skip
+            if decided is None:
+                return None
+            written = conn.execute(
+                "UPDATE workspaces SET label = ?, context_sha256 = ?, updated_at = ?,"
+                " context_text = ? WHERE workspace_id = ? AND context_sha256 = ?"
+                " RETURNING workspace_id",
+                (row.label, row.context_sha256, ts(row.updated_at), row.context_text,
+                 row.workspace_id, expect_sha256),
+            ).fetchone()  # fmt: skip
+            if written is None:  # raising rolls the decision back with it
+                raise InvalidRequest(
+                    f"workspace {row.workspace_id}'s context changed since that diff was "
+                    "shown: review the new diff and accept again"
+                )
+            return self._proposal(decided)
+
+        def verify(conn: Tx) -> Verified[LearningProposal | None]:
+            found = conn.execute(
+                "SELECT * FROM learning_proposals WHERE proposal_id = ? AND state = ?"
+                " AND decided_by = ? AND decided_at = ?",
+                (proposal_id, ProposalState.ACCEPTED.value, by, ts(at)),
+            ).fetchone()
+            return (self._proposal(found),) if found is not None else None
 
         return self._write(body, verify)

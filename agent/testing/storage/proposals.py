@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import pytest
+
+from agent.domain.errors import InvalidRequest
 from agent.domain.records import LearningProposal, ProposalState
 from agent.ports import EmbeddedStore
 from agent.testing import FrozenClock
@@ -65,3 +68,31 @@ class ProposalsContract(StoreContract):
         assert store.get_proposal("lp-1") == decided
         assert store.decide_proposal("lp-unknown", ProposalState.ACCEPTED, "o", "", at) is None
         assert store.get_proposal("lp-unknown") is None
+
+    def test_accepting_a_proposal_writes_the_context_in_the_same_transaction_or_nothing(
+        self, store: EmbeddedStore, clock: FrozenClock
+    ) -> None:
+        register(store, WS)
+        store.add_proposal(
+            LearningProposal(
+                proposal_id="lp-1", workspace_id=WS, kind="rule", summary="s", detail="",
+                submitted_at=clock.now(),
+            )
+        )  # fmt: skip
+        before = store.get_workspace(WS)
+        assert before is not None
+        at = clock.advance(minutes=1)
+        row = before.model_copy(
+            update={"context_sha256": "b" * 64, "context_text": "new", "updated_at": at}
+        )
+        with pytest.raises(InvalidRequest, match="changed since that diff was shown"):
+            store.accept_proposal("lp-1", "op@x.test", "n", at, row, "0" * 64)
+        assert store.get_workspace(WS) == before
+        assert store.get_proposal("lp-1").state is ProposalState.QUEUED  # type: ignore[union-attr]
+        other = row.model_copy(update={"workspace_id": "ws-other"})
+        assert store.accept_proposal("lp-1", "o", "n", at, other, "0" * 64) is None
+        accepted = store.accept_proposal("lp-1", "op@x.test", "n", at, row, before.context_sha256)
+        assert accepted is not None and accepted.state is ProposalState.ACCEPTED
+        assert store.get_workspace(WS) == row
+        again = store.accept_proposal("lp-1", "op@x.test", "n", at, row, row.context_sha256)
+        assert again is None
