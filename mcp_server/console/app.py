@@ -230,12 +230,10 @@ class _Pages(PagesBase):
         return HTMLResponse(page)
 
     async def task(self, request: Request) -> Response:
-        session = self._needs_session(request)
-        if isinstance(session, Response):
-            return session
-        task = self._visible_task(request, session)
-        if task is None:
-            return self.refuse(session, 404, "No such task for you.")
+        seen = self.task_for(request)
+        if isinstance(seen, Response):
+            return seen
+        session, task = seen
         asked = task.approval_requests[-1] if task.approval_requests else None
         draft = drafts.load_draft(self.c.store, task.task_id, asked.draft_id)[1] if asked else None
         history = [

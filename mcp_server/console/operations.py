@@ -346,12 +346,10 @@ class OperationPages(PagesBase):
     # -- a held send ---------------------------------------------------------------------------
 
     async def release(self, request: Request) -> Response:
-        session = self._needs_session(request)
-        if isinstance(session, Response):
-            return session
-        task = self._visible_task(request, session)
-        if task is None:
-            return self.refuse(session, 404, "No such task for you.")
+        seen = self.task_for(request)
+        if isinstance(seen, Response):
+            return seen
+        task = seen[1]
 
         def act(form: Any, session: Session) -> str:
             released = console.release_hold(

@@ -157,6 +157,17 @@ class PagesBase:
             return None
         return task if task.workspace_id in self.c.workspaces(session) else None
 
+    def task_for(self, request: Request) -> tuple[Session, Task] | Response:
+        """The signed-in person and the task the path names, if they see it; else the
+        answer (sign in, or not found)."""
+        session = self._needs_session(request)
+        if isinstance(session, Response):
+            return session
+        task = self._visible_task(request, session)
+        if task is None:
+            return self.refuse(session, 404, "No such task for you.")
+        return session, task
+
     async def spent_form(self, request: Request, session: Session, action: str) -> Any | None:
         """The posted form when its one-time token is this session's (then spent); None,
         audited, when it is forged or replayed."""

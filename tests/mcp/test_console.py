@@ -14,8 +14,10 @@ from starlette.testclient import TestClient
 
 from agent.domain.approval import Decision
 from agent.domain.errors import GateRefused
+from agent.domain.mail import MessageBody
 from agent.domain.secrets import Secret
 from agent.domain.states import TaskState
+from agent.domain.task import MessageRef, Task
 from agent.services import approvals, drafts, workspaces
 from agent.storage.sqlite import SqliteStore
 from agent.testing import FrozenClock
@@ -35,13 +37,30 @@ def with_operator(text: str) -> str:
     return with_colleague(text).replace("contacts:\n", "contacts:\n" + extra, 1)
 
 
+class BoxBodies:
+    """Bodies read from the world's in-memory mailbox, as the console reads a mailbox."""
+
+    def __init__(self, world: World) -> None:
+        self.world = world
+        self.closed = False
+
+    async def __call__(self, task: Task, message: MessageRef) -> MessageBody:
+        assert message.body_ref is not None
+        return await self.world.box.fetch_body(message.body_ref)
+
+    async def aclose(self) -> None:
+        self.closed = True
+
+
 class Desk:
     """A registered workspace with a task waiting for approval, and the console over it."""
 
     def __init__(self, world: World, root: Path) -> None:
         self.world = world
         self.vault = open_vault(root / "vault", "plain")
-        self.console = Console(world.store, root, self.vault, world.clock, secure=False)
+        self.console = Console(
+            world.store, root, self.vault, world.clock, secure=False, bodies=BoxBodies(world)
+        )
         self.app = build_app(self.console)
         for who in (APPROVER, OPERATOR):
             credentials.set_password(world.store, self.vault, who, Secret(PASSWORD))
@@ -77,8 +96,18 @@ def desk(
     clock: FrozenClock,
     register: Callable[[str], str],
 ) -> Iterator[Desk]:
+    yield new_desk(station_store, data_dir, clock, register)
+
+
+def new_desk(
+    store: SqliteStore,
+    data_dir: workspaces.DataDir,
+    clock: FrozenClock,
+    register: Callable[[str], str],
+) -> Desk:
+    """A workspace with an approver, a colleague and an operator, and the console over it."""
     ws = register(with_operator(context_yaml()))
-    yield Desk(World(station_store, data_dir, ws, clock), data_dir.root)
+    return Desk(World(store, data_dir, ws, clock), data_dir.root)
 
 
 def sign_in(client: TestClient, who: str, password: str) -> Any:

@@ -26,8 +26,7 @@ from mcp_server.console.app import Console, build_app
 from tests.browser import LAUNCH_ARGS, chromium_executable
 from tests.conftest import context_yaml
 from tests.fixtures.web.conftest import artifacts
-from tests.mcp.test_console import OPERATOR, PASSWORD, with_operator
-from tests.mcp.test_console_operations import BoxBodies
+from tests.mcp.test_console import OPERATOR, PASSWORD, BoxBodies, with_operator
 from tests.services.gates_world import APPROVER, CLIENT, World
 from tests.services.test_console_actions import with_person
 
@@ -63,7 +62,9 @@ def served(
     for who in (APPROVER, OPERATOR):
         credentials.set_password(station_store, vault, who, Secret(PASSWORD))
     own = SqliteStore(data_dir.database)  # the console's own connection, as its process has
-    server = Served(Console(own, data_dir.root, vault, clock, secure=False))
+    server = Served(
+        Console(own, data_dir.root, vault, clock, secure=False, bodies=BoxBodies(world))
+    )
     try:
         yield server, world
     finally:
@@ -177,31 +178,10 @@ async def test_the_sign_in_form_and_the_decision_are_reachable_by_keyboard(
     assert world.task(task_id).state is TaskState.CHANGES_REQUESTED
 
 
-@pytest.fixture
-def served_with_bodies(
-    station_store: SqliteStore,
-    data_dir: workspaces.DataDir,
-    clock: FrozenClock,
-    register: Callable[[str], str],
-) -> Iterator[tuple[Served, World]]:
-    ws = register(with_operator(context_yaml()))
-    world = World(station_store, data_dir, ws, clock)
-    vault = open_vault(data_dir.root / "vault", "plain")
-    credentials.set_password(station_store, vault, OPERATOR, Secret(PASSWORD))
-    own = SqliteStore(data_dir.database)
-    console = Console(own, data_dir.root, vault, clock, secure=False, bodies=BoxBodies(world))
-    server = Served(console)
-    try:
-        yield server, world
-    finally:
-        server.stop()
-        own.close()
-
-
 async def test_an_operator_works_the_runs_and_proposals_pages_by_role_and_name(
-    served_with_bodies: tuple[Served, World], page: Page
+    served: tuple[Served, World], page: Page
 ) -> None:
-    server, world = served_with_bodies
+    server, world = served
     world.deliver(sender=CLIENT, thread=1, text="שלום,\nאשמח להצעת מחיר\u200f למזהה A-17.")
     await world.intake()
     task_id = world.only_task().task_id
@@ -222,6 +202,7 @@ async def test_an_operator_works_the_runs_and_proposals_pages_by_role_and_name(
     assert await body.evaluate("e => getComputedStyle(e).direction") == "rtl"
     assert await body.locator("mark").inner_text() == "[U+200F]"
     await no_violations(page)
+    await page.screenshot(path=artifacts("console") / "task-thread.png", full_page=True)
     await page.goto(server.url + f"/workspaces/{world.workspace_id}")
     await page.get_by_role("link", name="Runs").click()
     await page.get_by_role("heading", name="Reconciliation of the latest runs").wait_for()
@@ -241,6 +222,7 @@ async def test_an_operator_works_the_runs_and_proposals_pages_by_role_and_name(
     await page.get_by_role("button", name="Show the change").click()
     await page.get_by_role("heading", name="The change, checked").wait_for()
     await no_violations(page)
+    await page.screenshot(path=artifacts("console") / "proposal-diff.png", full_page=True)
     async with page.expect_navigation():
         await page.get_by_role("button", name="Accept and write this change").click()
     assert f"{pid} accepted" in await page.get_by_role("status").inner_text()

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import html
 import json
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -24,28 +24,21 @@ from agent.storage.sqlite import SqliteStore
 from agent.testing import FrozenClock
 from mcp_server.console.app import Console, build_app
 from tests.conftest import context_yaml
-from tests.mcp.test_console import OPERATOR, PASSWORD, Desk, form_fields, sign_in, with_operator
+from tests.mcp.test_console import (
+    OPERATOR,
+    PASSWORD,
+    BoxBodies,
+    Desk,
+    form_fields,
+    new_desk,
+    sign_in,
+)
 from tests.services.gates_world import APPROVER, CLIENT, MAILBOX, World
 from tests.services.test_console_actions import with_person
 
 pytestmark = pytest.mark.anyio
 
 NEW_CONTACT = "- {address: lior.ben@contoso.test, name: Lior Ben, side: client, verified_by: crm}\n"
-
-
-class BoxBodies:
-    """Bodies read from the world's in-memory mailbox, as the console reads a mailbox."""
-
-    def __init__(self, world: World) -> None:
-        self.world = world
-        self.closed = False
-
-    async def __call__(self, task: Task, message: MessageRef) -> MessageBody:
-        assert message.body_ref is not None
-        return await self.world.box.fetch_body(message.body_ref)
-
-    async def aclose(self) -> None:
-        self.closed = True
 
 
 class Unanswering(BoxBodies):
@@ -64,11 +57,9 @@ def ops_desk(
     data_dir: workspaces.DataDir,
     clock: FrozenClock,
     register: Callable[[str], str],
-) -> Iterator[Desk]:
-    ws = register(with_operator(context_yaml()))
-    desk = Desk(World(station_store, data_dir, ws, clock), data_dir.root)
-    desk.console.bodies = BoxBodies(desk.world)
-    yield desk
+) -> Desk:
+    """The console over a workspace with an operator, reading bodies from its mailbox."""
+    return new_desk(station_store, data_dir, clock, register)
 
 
 def audit(desk: Desk) -> list[dict[str, str]]:
