@@ -59,7 +59,7 @@ from pyotp.totp import TOTP
 from agent.domain.errors import AuthChallengeUnresolved
 from agent.domain.records import TaskAmendment
 from agent.domain.secrets import CredentialRef, Secret
-from agent.services import workspaces
+from agent.services import challenges, workspaces
 from agent.storage.sqlite import SqliteStore
 from agent.testing.contexts import context_yaml
 from agent.testing.leaks import (
@@ -339,6 +339,13 @@ async def _challenged_login(run: Run) -> None:
                 await channel.login()
             run.exception("the challenged login's exception", stopped.value)
             assert stopped.value.challenge == run.web.challenge, str(stopped.value)
+            [kept] = challenges.listed(station.store, WORKSPACE)  # kept for every process
+            assert kept.open and kept.challenge == run.web.challenge
+            # a person resolves it in a visible browser: `outloop login --headed` records so
+            done = challenges.signed_in(
+                station.store, WORKSPACE, binding.mailbox_id, "browser", datetime.now(UTC)
+            )
+            assert done is not None and not done.open
         finally:
             await channel.aclose()
             await providers.aclose()
