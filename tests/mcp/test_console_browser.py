@@ -137,6 +137,7 @@ async def test_an_approver_signs_in_opens_a_hebrew_task_sees_it_right_to_left_an
     for i in range(await isolates.count()):
         bidi = await isolates.nth(i).evaluate("e => getComputedStyle(e).unicodeBidi")
         assert bidi in ("isolate", "isolate-override", "plaintext"), bidi
+    await page.locator("iframe").scroll_into_view_if_needed()  # painted before the capture
     await page.screenshot(path=artifacts("console") / "task-hebrew.png", full_page=True)
     await page.get_by_role("button", name="Approve").scroll_into_view_if_needed()
     async with page.expect_navigation():
