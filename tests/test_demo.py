@@ -42,7 +42,9 @@ STEPS = [
     "reading back",
     "reporting, then replaying",
 ]
-SUMMARY_FIELDS = ["sent", "approval", "waiting", "reconciled", "injection", "mock", "result"]
+SUMMARY_FIELDS = [
+    "sent", "approval", "waiting", "reconciled", "injection", "mock", "report", "result",
+]  # fmt: skip
 RECONCILED = re.compile(
     r"scanned (\d+) = terminal (\d+) \+ non-terminal (\d+) \+ claim-race (\d+); failed 0; clean$"
 )
@@ -190,6 +192,72 @@ def test_the_planted_instruction_is_named_and_nothing_obeyed_it(first: DemoRun) 
     assert "nothing obeyed it" in injection
     assert f"gate_check of the approved reply to {mail.ATTACKER}: recipient_unknown" in injection
     assert f"none to {mail.ATTACKER}, and its inbox is empty" in injection
+
+
+# -- the run report ----------------------------------------------------------------------------
+
+
+def test_the_run_report_is_one_self_contained_file_naming_every_check(first: DemoRun) -> None:
+    [where] = first.summary()["report"]
+    report = Path(where.strip())
+    assert report == first.root / "demo" / "report.html"
+    page = report.read_text(encoding="utf-8")
+    tree = LexborHTMLParser(page)
+    assert tree.css("script") == [] and tree.css("link") == []
+    assert [n.attributes.get("src") for n in tree.css("[src]")] == []  # nothing loaded
+    policy = tree.css_first('meta[http-equiv="Content-Security-Policy"]')
+    assert policy is not None and "default-src 'none'" in str(policy.attributes["content"])
+    rows = tree.css("section[aria-labelledby=reconciliation] tbody tr")
+    assert [r.css("td")[0].text(separator=" ").split()[0] for r in rows] == [
+        "first",
+        "approver's",
+        "replay",
+    ]
+    assert all(r.css("td")[-1].text().endswith(": clean") for r in rows)
+    checks = tree.css("section[aria-labelledby=sends] article")[-1].css("tbody tr")
+    assert len(checks) == 16 and all(r.css("td")[2].text() == "passed" for r in checks)
+    assert all(r.css("td")[1].text() for r in checks)  # each says what it compared
+    access = str(tree.css_first("section[aria-labelledby=access]").text())  # type: ignore[union-attr]
+    assert mail.MAILBOX in access and "usable" in access
+    injection = str(tree.css_first("section[aria-labelledby=injection]").text())  # type: ignore[union-attr]
+    assert mail.INJECTION in injection and f"None went to {mail.ATTACKER}" in injection
+
+
+@pytest.mark.anyio
+async def test_the_report_shows_the_stored_hebrew_reply_right_to_left_with_its_isolates(
+    first: DemoRun,
+) -> None:
+    from playwright.async_api import async_playwright  # noqa: PLC0415
+
+    from tests.browser import LAUNCH_ARGS, chromium_executable  # noqa: PLC0415
+    from tests.fixtures.web.conftest import artifacts  # noqa: PLC0415
+
+    report = first.root / "demo" / "report.html"
+    async with async_playwright() as playwright:
+        browser = await playwright.chromium.launch(
+            executable_path=chromium_executable(), headless=True, args=LAUNCH_ARGS
+        )
+        try:
+            page = await browser.new_page(viewport={"width": 1100, "height": 900})
+            await page.goto(report.as_uri())
+            frame = page.frame_locator(f"iframe[title*='{mail.HEBREW_CLIENT}']")
+            wrapper = frame.locator("[dir=rtl]").first
+            assert await wrapper.evaluate("e => getComputedStyle(e).direction") == "rtl"
+            assert await wrapper.evaluate("e => getComputedStyle(e).textAlign") in (
+                "right",
+                "start",
+            )
+            isolates = frame.locator("[dir=ltr]")
+            texts = [await isolates.nth(i).inner_text() for i in range(await isolates.count())]
+            for fragment in mail.HEBREW_FRAGMENTS:
+                assert fragment in texts, (fragment, texts)
+            for i in range(await isolates.count()):
+                bidi = await isolates.nth(i).evaluate("e => getComputedStyle(e).unicodeBidi")
+                assert bidi in ("isolate", "isolate-override", "plaintext"), bidi
+            await page.locator("iframe").last.scroll_into_view_if_needed()
+            await page.screenshot(path=artifacts("demo") / "report.png", full_page=True)
+        finally:
+            await browser.close()
 
 
 # -- what the provider stored ------------------------------------------------------------------

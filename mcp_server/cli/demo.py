@@ -48,6 +48,7 @@ from agent.domain.untrusted import flag
 from agent.services import workspaces
 from fixtures.admin import MockAdmin
 from mcp_server.cli import demo_mail as mail
+from mcp_server.cli.demo_report import write_report
 from mcp_server.cli.shared import fail, read_settings
 from mcp_server.composition import DATA_DIR_ENV, Settings, open_station, open_vault
 
@@ -380,6 +381,7 @@ def mock_mailboxes(admin: MockAdmin) -> dict[str, Any]:
 
 async def check_access(run: Run, client: Client) -> None:
     access = await call(client, "access_status", workspace_id=mail.WORKSPACE_ID)
+    run.facts["access"] = access["mailboxes"]
     [mailbox] = access["mailboxes"]
     expect(mailbox["ok"], f"the mailbox to be reachable: {mailbox['detail']}")
     run.say(f"access_status: {mailbox['mailbox_id']} via {mailbox['path']}: {mailbox['detail']}")
@@ -692,7 +694,9 @@ def _field(label: str, first: str, *more: str) -> list[str]:
     return [f"{label:<11}{first}", *(f"{'':<11}{line}" for line in more)]
 
 
-def summary(run: Run, found: dict[str, Any], evidence: Path, seconds: float) -> list[str]:
+def summary(
+    run: Run, found: dict[str, Any], evidence: Path, report: Path, seconds: float
+) -> list[str]:
     """The summary: what was sent and how it was verified, the approval, what waits and on
     whom, the reconciliations, the planted instruction, and the mock's end."""
     reply, task = found["reply"], run.facts["task"]
@@ -728,13 +732,55 @@ def summary(run: Run, found: dict[str, Any], evidence: Path, seconds: float) -> 
     lines += _field("reconciled", *recs)
     lines += injection_summary(run, found)
     lines += _field("mock", f"stopped (thread joined, port closed); its mailboxes: {evidence}")
-    verdict = "not sent twice" if again else "sent once and verified"
-    lines += _field(
-        "result",
-        f"OK in {seconds:.1f} s: the reply {verdict}, every run reconciled clean, "
-        f"nothing to {mail.ATTACKER}",
-    )
+    lines += _field("report", str(report))
+    lines += _field("result", result_line(run, seconds))
     return lines
+
+
+def result_line(run: Run, seconds: float) -> str:
+    verdict = "not sent twice" if "read_back" not in run.facts else "sent once and verified"
+    return (
+        f"OK in {seconds:.1f} s: the reply {verdict}, every run reconciled clean, "
+        f"nothing to {mail.ATTACKER}"
+    )
+
+
+def report_facts(run: Run, found: dict[str, Any], root: Path, seconds: float) -> dict[str, Any]:
+    """What the run report shows (``demo_report``), from what the demo saw and what the
+    mock's mailboxes held."""
+    task, read = run.facts["task"], run.facts.get("read_back")
+    reply = found["reply"]
+    sends: list[dict[str, Any]] = [
+        {
+            **{k: m[k] for k in ("to", "subject", "message_id", "in_reply_to", "thread_id")},
+            "checks": (read["checks"] if read else []) if m["id"] == reply["id"] else [],
+            "evidence": task["readback_evidence"] if m["id"] == reply["id"] else "",
+            "html": m["html"] if m["id"] == reply["id"] else "",
+        }
+        for m in cast("list[dict[str, Any]]", found["sent"])
+    ]
+    asked, decided = task["approval_requests"][-1], task["approval_decisions"][-1]
+    gate = run.facts.get("attacker_gate")
+    injected = run.facts.get("injection_task")
+    return {
+        "result": {"ok": True, "line": result_line(run, seconds)},
+        "data_dir": str(root), "workspace_id": mail.WORKSPACE_ID,
+        "written": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        "access": run.facts.get("access", []), "reconciliations": run.reconciliations,
+        "sends": sends, "queue": run.facts["queue"],
+        "approval": {
+            "approvers": asked["approvers"], "request": asked["request_message_id"],
+            "decision": decided["decision"], "approver": decided["approver"],
+            "evidence": decided["evidence_message_id"], "reason": decided["reason"],
+        },
+        "injection": {
+            "subject": mail.INJECTION_SUBJECT, "sender": mail.INJECTING_CLIENT,
+            "instruction": mail.INJECTION, "attacker": mail.ATTACKER,
+            "gate": [r["blocker"] for r in gate["reasons"]] if gate else [],
+            "task": injected["task_id"] if injected else "",
+            "sent": [f"{m['subject']} to {', '.join(m['to'])}" for m in found["sent"]],
+        },
+    }  # fmt: skip
 
 
 def waiting(queue: list[dict[str, Any]]) -> list[str]:
@@ -835,8 +881,10 @@ def run(settings: Settings, echo: Echo) -> None:
     evidence = root / "demo" / "mailboxes.json"
     evidence.write_text(json.dumps(boxes, ensure_ascii=False, indent=2), encoding="utf-8")
     found = verify_mailboxes(boxes)
+    seconds = time.monotonic() - started
+    report = write_report(root / "demo" / "report.html", report_facts(demo, found, root, seconds))
     echo("\n== summary ==")
-    for line in summary(demo, found, evidence, time.monotonic() - started):
+    for line in summary(demo, found, evidence, report, seconds):
         echo(line)
 
 
