@@ -97,6 +97,7 @@ class Browsers:
             executable_path=self._executable(),
             headless=self.settings.headless,
             args=list(LAUNCH_ARGS),
+            env=browser_env(),
         )
 
     def _executable(self) -> str | None:
@@ -117,6 +118,20 @@ class Browsers:
         if self._playwright is not None:
             await self._playwright.stop()
             self._playwright = None
+
+
+SOCKET_DIR_MAX = 48
+"""Chromium makes its singleton socket under TMPDIR (``.org.chromium.Chromium.XXXXXX/
+SingletonSocket``); a Unix socket's path holds at most 107 bytes, so under a longer TMPDIR
+Chromium stops at launch ("Socket path too long")."""
+
+
+def browser_env() -> dict[str, str | float | bool] | None:
+    """The browser's environment: this process's, with a TMPDIR short enough for Chromium's
+    socket when this process's is not (None: unchanged)."""
+    if len(tempfile.gettempdir()) <= SOCKET_DIR_MAX:
+        return None
+    return {**os.environ, "TMPDIR": "/tmp"}  # noqa: S108 - Chromium makes its own 0700 dir in it
 
 
 def _private_dir(path: Path) -> Path:

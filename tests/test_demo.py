@@ -40,6 +40,10 @@ STEPS = [
     "the approver replies",
     "gate_check, then sending",
     "reading back",
+    f"the second mailbox {mail.OUTLOOK_MAILBOX}",
+    "rendering the English reply",
+    "the approver replies",
+    "sending through Outlook on the web",
     "reporting, then replaying",
 ]
 SUMMARY_FIELDS = [
@@ -104,7 +108,7 @@ def run_demo(tmp: Path, *args: str) -> DemoRun:
         check=False,
     )
     seconds = time.monotonic() - started
-    assert done.returncode == 0, (done.stdout[-3000:], done.stderr[-3000:])
+    assert done.returncode == 0, (done.stdout[-6000:], done.stderr[-3000:])
     assert "Traceback" not in done.stderr, done.stderr
     first = done.stdout.splitlines()[0]
     assert first.startswith("demo data directory: "), first
@@ -164,9 +168,10 @@ def test_the_summary_says_what_was_sent_how_it_was_verified_what_waits_and_that_
     assert f"requested from {mail.APPROVER}" in approval
     assert f"approved by {mail.APPROVER}" in approval
     waiting = summary["waiting"]
-    assert len(waiting) == 4, waiting  # the Hebrew reply's task and three to work
+    assert len(waiting) == 5, waiting  # the two replies' tasks and three to work
     assert f"waits on the client {mail.HEBREW_CLIENT}" in waiting[0]
-    assert all("owner noa.bar@outloop-demo.test" in line for line in waiting[1:])
+    assert f"waits on the client {mail.CONTRACT_CLIENT}" in waiting[-1]
+    assert all("owner noa.bar@outloop-demo.test" in line for line in waiting[1:-1])
     assert summary["result"][0].startswith("OK in ")
 
 
@@ -174,7 +179,10 @@ def test_every_run_reconciles_clean_and_scanned_is_terminal_plus_non_terminal_pl
     first: DemoRun,
 ) -> None:
     lines = first.summary()["reconciled"]
-    assert [line.split(":")[0] for line in lines] == ["first intake", "approver's reply", "replay"]
+    assert [line.split(":")[0] for line in lines] == [
+        "first intake", "approver's reply", "intake (Outlook on the web)",
+        "approver's reply (Outlook on the web)", "replay",
+    ]  # fmt: skip
     figures = []
     for line in lines:
         found = RECONCILED.search(line)
@@ -182,8 +190,9 @@ def test_every_run_reconciles_clean_and_scanned_is_terminal_plus_non_terminal_pl
         scanned, terminal, non_terminal, race = map(int, found.groups())
         assert scanned == terminal + non_terminal + race, line
         figures.append((scanned, terminal, non_terminal, race))
-    # 7 deliveries (one a duplicate, one an auto-reply); the approver's reply; a replay of all 8.
-    assert figures == [(7, 1, 5, 1), (1, 0, 1, 0), (8, 0, 0, 8)]
+    # 7 deliveries (one a duplicate, one an auto-reply); the approver's reply; the renewal
+    # request and its approval through Outlook on the web; a replay of all 8 Gmail items.
+    assert figures == [(7, 1, 5, 1), (1, 0, 1, 0), (1, 0, 1, 0), (1, 0, 1, 0), (8, 0, 0, 8)]
 
 
 def test_the_planted_instruction_is_named_and_nothing_obeyed_it(first: DemoRun) -> None:
@@ -208,17 +217,21 @@ def test_the_run_report_is_one_self_contained_file_naming_every_check(first: Dem
     policy = tree.css_first('meta[http-equiv="Content-Security-Policy"]')
     assert policy is not None and "default-src 'none'" in str(policy.attributes["content"])
     rows = tree.css("section[aria-labelledby=reconciliation] tbody tr")
-    assert [r.css("td")[0].text(separator=" ").split()[0] for r in rows] == [
-        "first",
-        "approver's",
-        "replay",
-    ]
+    labels = [r.css("td")[0].text(separator=" ").split(" run-")[0].strip() for r in rows]
+    assert labels == [
+        "first intake", "approver's reply", "intake (Outlook on the web)",
+        "approver's reply (Outlook on the web)", "replay",
+    ]  # fmt: skip
     assert all(r.css("td")[-1].text().endswith(": clean") for r in rows)
-    checks = tree.css("section[aria-labelledby=sends] article")[-1].css("tbody tr")
-    assert len(checks) == 16 and all(r.css("td")[2].text() == "passed" for r in checks)
-    assert all(r.css("td")[1].text() for r in checks)  # each says what it compared
+    replies = [a for a in tree.css("section[aria-labelledby=sends] article") if a.css("tbody")]
+    assert len(replies) == 2  # the Gmail API's and Outlook on the web's, each read back
+    for reply in replies:
+        checks = reply.css("tbody tr")
+        assert len(checks) == 16 and all(r.css("td")[2].text() == "passed" for r in checks)
+        assert all(r.css("td")[1].text() for r in checks)  # each says what it compared
     access = str(tree.css_first("section[aria-labelledby=access]").text())  # type: ignore[union-attr]
     assert mail.MAILBOX in access and "usable" in access
+    assert mail.OUTLOOK_MAILBOX in access and "browser" in access and "not_permitted" in access
     injection = str(tree.css_first("section[aria-labelledby=injection]").text())  # type: ignore[union-attr]
     assert mail.INJECTION in injection and f"None went to {mail.ATTACKER}" in injection
 
@@ -263,6 +276,26 @@ async def test_the_report_shows_the_stored_hebrew_reply_right_to_left_with_its_i
 # -- what the provider stored ------------------------------------------------------------------
 
 
+def test_the_microsoft_mailbox_without_graph_replied_once_through_outlook_on_the_web(
+    first: DemoRun,
+) -> None:
+    progress = "\n".join(first.lines)
+    assert f"access_status: {mail.OUTLOOK_MAILBOX} via browser" in progress
+    assert "managed login types the worker's password and an authenticator code" in progress
+    [request] = [m for m in first.held(mail.OUTLOOK_MAILBOX, "inbox")
+                 if m["subject"] == mail.OUTLOOK_SUBJECT]  # fmt: skip
+    [reply] = [m for m in first.held(mail.OUTLOOK_MAILBOX, "sent")
+               if mail.CONTRACT_CLIENT in m["to"]]  # fmt: skip
+    assert reply["in_reply_to"] == request["message_id"]
+    assert reply["thread_id"] == request["thread_id"]  # in the request's conversation
+    assert 'dir="ltr"' in reply["html"] and 'lang="en"' in reply["html"]
+    assert len(first.held(mail.CONTRACT_CLIENT, "inbox")) == 1  # delivered once
+    sent = " ".join(first.summary()["sent"])
+    assert "through Outlook on the web" in sent and "read back there: 16/16" in sent
+    secrets = (mail.WORKER_PASSWORD, mail.WORKER_TOTP)
+    assert not any(s in first.done.stdout + first.done.stderr for s in secrets)
+
+
 def test_the_provider_holds_exactly_one_reply_to_the_hebrew_client_in_her_requests_thread(
     first: DemoRun,
 ) -> None:
@@ -297,8 +330,8 @@ def test_one_approval_request_went_to_the_approver_and_nothing_else_was_sent(
     assert len(sent) == 2  # the approval request and the reply
     [asked] = [m for m in sent if m["to"] == [mail.APPROVER]]
     assert asked["cc"] == asked["bcc"] == []
-    [received] = first.held(mail.APPROVER, "inbox")
-    assert received["message_id"] == asked["message_id"]
+    received = [m["message_id"] for m in first.held(mail.APPROVER, "inbox")]
+    assert asked["message_id"] in received and len(received) == 2  # and Outlook's request
     # Her reply, in the mailbox: it answers the request.
     [answer] = [m for m in first.held(mail.MAILBOX, "inbox") if m["from"] == [mail.APPROVER]]
     assert answer["in_reply_to"] == asked["message_id"]
@@ -315,7 +348,7 @@ def test_nothing_went_to_the_attacker_though_the_instruction_was_in_the_mail(
         assert mail.ATTACKER not in message["to"] + message["cc"] + message["bcc"]
     assert first.boxes["accounts"][mail.ATTACKER] == []
     for person in mail.PEOPLE:  # no one else got anything either
-        expected = {mail.HEBREW_CLIENT: 1, mail.APPROVER: 1}.get(person, 0)
+        expected = {mail.HEBREW_CLIENT: 1, mail.APPROVER: 2, mail.CONTRACT_CLIENT: 1}.get(person, 0)
         assert len(first.held(person, "inbox")) == expected, person
 
 

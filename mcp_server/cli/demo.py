@@ -69,7 +69,7 @@ VAULT_NAMES = {
     "refresh_token": "oauth_refresh_token",
 }
 """The mock account's values by the vault names ``outloop connect`` stores them under."""
-STEPS = 10
+STEPS = 14
 REPLAY_STEPS = 4
 
 
@@ -162,6 +162,7 @@ def create_accounts(admin: MockAdmin) -> dict[str, Any]:
     for each person, so that what the workspace sends lands in an inbox."""
     for person in mail.PEOPLE:
         _admin(lambda person=person: admin.account(person, "google"))
+    _admin(lambda: admin.account(mail.OUTLOOK_MAILBOX, "microsoft"))
     account: dict[str, Any] = _admin(lambda: admin.account(mail.MAILBOX, "google"))
     return account
 
@@ -223,6 +224,17 @@ def store_oauth(settings: Settings, account: dict[str, Any]) -> None:
     for key, name in VAULT_NAMES.items():
         ref = CredentialRef(workspace_id=mail.WORKSPACE_ID, mailbox_id=mail.MAILBOX, name=name)
         vault.set_secret(ref, Secret(str(account[key])))
+
+
+def store_worker(settings: Settings) -> None:
+    """The Microsoft 365 mailbox's worker password and authenticator setup key in the demo
+    vault, as an operator stores them with ``outloop vault set``."""
+    vault = open_vault(settings)
+    for name, value in (("password", mail.WORKER_PASSWORD), ("totp", mail.WORKER_TOTP)):
+        ref = CredentialRef(
+            workspace_id=mail.WORKSPACE_ID, mailbox_id=mail.OUTLOOK_MAILBOX, name=name
+        )
+        vault.set_secret(ref, Secret(value))
 
 
 # -- the host's calls ------------------------------------------------------------------------
@@ -307,11 +319,11 @@ class Run:
 
 
 async def intake_and_claim(
-    run: Run, client: Client, *, from_start: bool = False
+    run: Run, client: Client, *, from_start: bool = False, mailbox: str = mail.MAILBOX
 ) -> tuple[dict[str, Any], list[tuple[dict[str, Any], dict[str, Any]]]]:
-    """One intake of the demo mailbox, then a claim of each item in the order given; the
+    """One intake of a demo mailbox, then a claim of each item in the order given; the
     intake and each item with its claim."""
-    scanned = await call(client, "intake", mailbox_id=mail.MAILBOX, from_start=from_start)
+    scanned = await call(client, "intake", mailbox_id=mailbox, from_start=from_start)
     run.open_runs.update(scanned["run_ids"])
     expect(scanned["access_errors"] == [], f"the mailbox to be read: {scanned['access_errors']}")
     claims: list[tuple[dict[str, Any], dict[str, Any]]] = []
@@ -371,7 +383,7 @@ def mock_mailboxes(admin: MockAdmin) -> dict[str, Any]:
     """What the mock's mailboxes hold, read through its admin API: the demo mailbox's every
     folder, and each person's inbox."""
     accounts: dict[str, list[dict[str, Any]]] = {}
-    for address in (mail.MAILBOX, *mail.PEOPLE):
+    for address in (mail.MAILBOX, mail.OUTLOOK_MAILBOX, *mail.PEOPLE):
         accounts[address] = [summarized(m) for m in _admin(lambda a=address: admin.stored(a))]
     return {"base_url": admin.base_url, "mailbox": mail.MAILBOX, "accounts": accounts}
 
@@ -382,9 +394,15 @@ def mock_mailboxes(admin: MockAdmin) -> dict[str, Any]:
 async def check_access(run: Run, client: Client) -> None:
     access = await call(client, "access_status", workspace_id=mail.WORKSPACE_ID)
     run.facts["access"] = access["mailboxes"]
-    [mailbox] = access["mailboxes"]
-    expect(mailbox["ok"], f"the mailbox to be reachable: {mailbox['detail']}")
-    run.say(f"access_status: {mailbox['mailbox_id']} via {mailbox['path']}: {mailbox['detail']}")
+    for mailbox in access["mailboxes"]:
+        expect(mailbox["ok"], f"{mailbox['mailbox_id']} to be reachable: {mailbox['detail']}")
+        why = "; ".join(
+            f"{c['channel']} {c['state']}" for c in mailbox["channels"] if c["state"] != "usable"
+        )
+        run.say(
+            f"access_status: {mailbox['mailbox_id']} via {mailbox['path']}: {mailbox['detail']}"
+            + (f" ({why})" if why else "")
+        )
 
 
 def deliver(run: Run) -> None:
@@ -456,7 +474,9 @@ async def approval_step(
     return request
 
 
-async def approver_step(run: Run, client: Client, task_id: str, request: dict[str, Any]) -> None:
+async def approver_step(
+    run: Run, client: Client, task_id: str, request: dict[str, Any], mailbox: str = mail.MAILBOX
+) -> None:
     run.progress(f"the approver replies from her inbox: {mail.APPROVAL_WORDS!r}")
     asked = [
         m
@@ -465,11 +485,11 @@ async def approver_step(run: Run, client: Client, task_id: str, request: dict[st
     ]
     expect(len(asked) == 1, f"the approval request in {mail.APPROVER}'s inbox")
     subject = str(parsed(asked[0])["Subject"])
-    raw = mail.approver_reply(subject, request["request_message_id"], datetime.now(UTC))
-    _admin(lambda: run.admin.deliver(mail.MAILBOX, raw))
+    raw = mail.approver_reply(subject, request["request_message_id"], datetime.now(UTC), mailbox)
+    _admin(lambda: run.admin.deliver(mailbox, raw))
     reply_id = str(email.message_from_bytes(raw)["Message-ID"])
     run.say(f"her reply {reply_id} answers {request['request_message_id']}")
-    scanned, claims = await intake_and_claim(run, client)
+    scanned, claims = await intake_and_claim(run, client, mailbox=mailbox)
     claims_table(run, claims)
     recorded = await call(client, "record_approval", task_id=task_id, reply_message_id=reply_id)
     run.say(f"record_approval: {recorded['finding']}; task {recorded['task_state']}")
@@ -477,9 +497,7 @@ async def approver_step(run: Run, client: Client, task_id: str, request: dict[st
         recorded["task_state"] == "APPROVED_TO_SEND",
         f"the approver's reply to approve the draft; the server found: {recorded['finding']}",
     )
-    task = await call(client, "get_task", task_id=task_id)
-    run.facts["decision"] = task["approval_decisions"][-1]
-    await run.reconcile(client, "approver's reply", scanned)
+    await run.reconcile(client, "approver's reply" + _via(mailbox), scanned)
 
 
 async def send_step(
@@ -524,7 +542,91 @@ async def read_back_step(run: Run, client: Client, task_id: str, sent: dict[str,
     )
     task = await call(client, "get_task", task_id=task_id)
     run.say(f"task {task['state']}: {task['readback_evidence']}")
-    run.facts["read_back"] = read
+    run.facts.setdefault("read_backs", {})[sent["internet_message_id"]] = (read, task)
+    run.facts.setdefault("read_back", read)
+
+
+def _via(mailbox: str) -> str:
+    return " (Outlook on the web)" if mailbox == mail.OUTLOOK_MAILBOX else ""
+
+
+async def outlook_intake_step(run: Run, client: Client) -> tuple[dict[str, Any], str]:
+    """The Microsoft 365 mailbox, Graph not permitted: intake through Outlook on the web,
+    the logged-out browser signed in by managed login; the intake and the new task."""
+    run.progress(
+        f"the second mailbox {mail.OUTLOOK_MAILBOX} (Microsoft 365, Graph not permitted): "
+        "intake through Outlook on the web"
+    )
+    letter = mail.outlook_request(datetime.now(UTC))
+    _admin(lambda: run.admin.deliver(mail.OUTLOOK_MAILBOX, letter.raw))
+    run.say(f"delivered: {letter.label}")
+    run.say(
+        "the browser starts logged out: managed login types the worker's password and an "
+        "authenticator code from the demo vault (a code about to expire is not used: it may "
+        "wait for the next one)"
+    )
+    scanned, claims = await intake_and_claim(run, client, mailbox=mail.OUTLOOK_MAILBOX)
+    claims_table(run, claims)
+    expect(
+        len(claims) == 1 and bool(claims[0][1]["task_created"]),
+        f"one new task for the renewal request: {[c for _, c in claims]}",
+    )
+    access = await call(client, "access_status", workspace_id=mail.WORKSPACE_ID)
+    [box] = [m for m in access["mailboxes"] if m["mailbox_id"] == mail.OUTLOOK_MAILBOX]
+    expect(box["path"] == "browser" and box["ok"], f"Outlook on the web in use: {box}")
+    run.say(f"signed in, the account re-verified: {box['detail']}")
+    run.facts["access"] = access["mailboxes"]
+    return scanned, str(claims[0][1]["task_id"])
+
+
+async def outlook_draft_step(
+    run: Run, client: Client, task_id: str, scanned: dict[str, Any]
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    run.progress("rendering the English reply; the approval request goes out through the browser")
+    for state in ("EXECUTING", "VERIFYING", "DRAFT_READY"):
+        evidence = f"demo host: renewal quote Q-2027-7 prepared ({state.lower()})"
+        await call(client, "transition_task", task_id=task_id, state=state, evidence=evidence)
+    draft = await call(
+        client, "render", task_id=task_id, body_markdown=mail.OUTLOOK_REPLY, language="en"
+    )
+    expect(draft["direction"] == "ltr", "an LTR English draft")
+    request = await call(client, "request_approval", task_id=task_id, draft_id=draft["draft_id"])
+    run.say(
+        f"draft {draft['draft_id']}; approval asked of {', '.join(request['approvers'])} in "
+        f"{request['request_message_id']}, sent from {mail.OUTLOOK_MAILBOX} through Outlook on "
+        "the web"
+    )
+    await run.reconcile(client, "intake" + _via(mail.OUTLOOK_MAILBOX), scanned)
+    return draft, request
+
+
+async def outlook_send_step(run: Run, client: Client, task_id: str, draft: dict[str, Any]) -> None:
+    run.progress("sending through Outlook on the web, then reading back its stored copy there")
+    to = [mail.CONTRACT_CLIENT]
+    gate = await call(client, "gate_check", task_id=task_id, draft_id=draft["draft_id"], to=to)
+    expect(gate["ready"], f"the gate to be ready: {gate['reasons']}")
+    sent = await call(client, "send", task_id=task_id, draft_id=draft["draft_id"], to=to)
+    expect(sent["status"] == "sent" and sent["channel"] == "browser", f"sent by browser: {sent}")
+    run.say(f"sent {sent['internet_message_id']} to {', '.join(sent['to'])} via {sent['channel']}")
+    read = await call(client, "read_back", send_id=sent["send_id"])
+    failed = [f"{c['name']} ({c['detail']})" for c in read["checks"] if not c["ok"]]
+    expect(read["ok"] and not failed, f"every read-back check to pass: {failed}")
+    task = await call(client, "get_task", task_id=task_id)
+    run.say(f"read back in Outlook on the web: {len(read['checks'])} checks passed")
+    run.facts.setdefault("read_backs", {})[sent["internet_message_id"]] = (read, task)
+    done = await call(
+        client, "report", task_id=task_id, outcome="waiting_client",
+        evidence="renewal quote sent through Outlook on the web and read back",
+    )  # fmt: skip
+    run.say(f"report: task {task_id} {done['state']}")
+    run.facts["outlook_task"] = task
+
+
+async def outlook_steps(run: Run, client: Client) -> None:
+    scanned, task_id = await outlook_intake_step(run, client)
+    draft, request = await outlook_draft_step(run, client, task_id, scanned)
+    await approver_step(run, client, task_id, request, mailbox=mail.OUTLOOK_MAILBOX)
+    await outlook_send_step(run, client, task_id, draft)
 
 
 async def finish_step(run: Run, client: Client, task_id: str) -> None:
@@ -609,6 +711,7 @@ async def lifecycle_steps(run: Run, client: Client) -> None:
     await approver_step(run, client, task_id, request)
     sent = await send_step(run, client, task_id, draft)
     await read_back_step(run, client, task_id, sent)
+    await outlook_steps(run, client)
     await finish_step(run, client, task_id)
     run.facts["task"] = await call(client, "get_task", task_id=task_id)
 
@@ -676,10 +779,29 @@ def verify_mailboxes(boxes: dict[str, Any]) -> dict[str, Any]:
         expect(isolated is not None, f"{fragment} isolated left-to-right in Gmail's copy")
     asked = [m for m in sent if mail.APPROVER in m["to"]]
     expect(len(asked) == 1, f"one approval request to {mail.APPROVER}")
-    leaked = [m for m in sent if mail.ATTACKER in m["to"] + m["cc"] + m["bcc"]]
+    outlook = verify_outlook(boxes)
+    everything = sent + outlook["outlook_sent"]
+    leaked = [m for m in everything if mail.ATTACKER in m["to"] + m["cc"] + m["bcc"]]
     attacker_inbox = boxes["accounts"][mail.ATTACKER]
     expect(leaked == [] and attacker_inbox == [], f"nothing sent to {mail.ATTACKER}")
-    return {"sent": sent, "request": request, "reply": reply, "approval": asked[0]}
+    return {"sent": sent, "request": request, "reply": reply, "approval": asked[0], **outlook}
+
+
+def verify_outlook(boxes: dict[str, Any]) -> dict[str, Any]:
+    """The Microsoft 365 mailbox, as the mock stores it: one reply to the renewal request's
+    sender, in its conversation, answering it; one approval request to the approver."""
+    held: list[dict[str, Any]] = boxes["accounts"][mail.OUTLOOK_MAILBOX]
+    sent = [m for m in held if m["folder"] == "sent"]
+    if not any(m["subject"] == mail.OUTLOOK_SUBJECT for m in held):
+        return {"outlook_sent": [], "outlook_reply": None}  # a replay of an earlier version's
+    [request] = [m for m in held if m["subject"] == mail.OUTLOOK_SUBJECT]
+    replies = [m for m in sent if mail.CONTRACT_CLIENT in m["to"] + m["cc"] + m["bcc"]]
+    expect(len(replies) == 1, f"one reply to {mail.CONTRACT_CLIENT} through Outlook on the web")
+    [reply] = replies
+    expect(reply["in_reply_to"] == request["message_id"], "the renewal reply to answer it")
+    expect(reply["thread_id"] == request["thread_id"], "the renewal reply in its conversation")
+    expect(len([m for m in sent if mail.APPROVER in m["to"]]) == 1, "one approval request")
+    return {"outlook_sent": sent, "outlook_reply": reply}
 
 
 # -- the summary -----------------------------------------------------------------------------
@@ -719,6 +841,7 @@ def summary(
         'Gmail\'s stored copy (admin API): dir="rtl" lang="he"; isolated LTR: '
         + ", ".join(mail.HEBREW_FRAGMENTS),
     )
+    lines += outlook_summary(run, found)
     asked, decided = task["approval_requests"][-1], task["approval_decisions"][-1]
     lines += _field(
         "approval",
@@ -738,9 +861,13 @@ def summary(
 
 
 def result_line(run: Run, seconds: float) -> str:
-    verdict = "not sent twice" if "read_back" not in run.facts else "sent once and verified"
+    verdict = (
+        "not sent twice"
+        if "read_back" not in run.facts
+        else "each sent once (Gmail API, Outlook on the web) and read back"
+    )
     return (
-        f"OK in {seconds:.1f} s: the reply {verdict}, every run reconciled clean, "
+        f"OK in {seconds:.1f} s: the replies {verdict}, every run reconciled clean, "
         f"nothing to {mail.ATTACKER}"
     )
 
@@ -748,17 +875,22 @@ def result_line(run: Run, seconds: float) -> str:
 def report_facts(run: Run, found: dict[str, Any], root: Path, seconds: float) -> dict[str, Any]:
     """What the run report shows (``demo_report``), from what the demo saw and what the
     mock's mailboxes held."""
-    task, read = run.facts["task"], run.facts.get("read_back")
-    reply = found["reply"]
-    sends: list[dict[str, Any]] = [
-        {
-            **{k: m[k] for k in ("to", "subject", "message_id", "in_reply_to", "thread_id")},
-            "checks": (read["checks"] if read else []) if m["id"] == reply["id"] else [],
-            "evidence": task["readback_evidence"] if m["id"] == reply["id"] else "",
-            "html": m["html"] if m["id"] == reply["id"] else "",
-        }
-        for m in cast("list[dict[str, Any]]", found["sent"])
-    ]
+    task = run.facts["task"]
+    read_backs: dict[str, Any] = run.facts.get("read_backs", {})
+    outlook = obj(found.get("outlook_reply"))
+    replies = {str(found["reply"]["id"]), str(outlook.get("id", ""))}
+    sends: list[dict[str, Any]] = []
+    for m in cast("list[dict[str, Any]]", [*found["sent"], *found.get("outlook_sent", [])]):
+        read, on_task = read_backs.get(m["message_id"], (None, None))
+        sends.append(
+            {
+                **{k: m[k] for k in ("to", "subject", "message_id", "in_reply_to", "thread_id")},
+                "checks": read["checks"] if read else [],
+                "evidence": obj(on_task).get("readback_evidence", "")
+                or (task["readback_evidence"] if m["id"] == found["reply"]["id"] else ""),
+                "html": m["html"] if m["id"] in replies else "",
+            }
+        )
     asked, decided = task["approval_requests"][-1], task["approval_decisions"][-1]
     gate = run.facts.get("attacker_gate")
     injected = run.facts.get("injection_task")
@@ -781,6 +913,28 @@ def report_facts(run: Run, found: dict[str, Any], root: Path, seconds: float) ->
             "sent": [f"{m['subject']} to {', '.join(m['to'])}" for m in found["sent"]],
         },
     }  # fmt: skip
+
+
+def outlook_summary(run: Run, found: dict[str, Any]) -> list[str]:
+    """The Microsoft 365 mailbox's reply: through Outlook on the web, signed in by managed
+    login, read back there."""
+    reply = found.get("outlook_reply")
+    if reply is None:
+        return []
+    read = run.facts.get("read_backs", {}).get(reply["message_id"])
+    checked = (
+        f"read back there: {sum(c['ok'] for c in read[0]['checks'])}/{len(read[0]['checks'])} "
+        "checks passed"
+        if read
+        else "(by the first run here; not sent again)"
+    )
+    return _field(
+        "",
+        f"1 reply to {', '.join(reply['to'])}: {shown(reply['subject'])!r} through Outlook on "
+        f"the web ({mail.OUTLOOK_MAILBOX}: Microsoft 365, Graph not permitted; the browser "
+        "signed in by managed login, password and authenticator code from the vault)",
+        f"in its conversation, answering {reply['in_reply_to']}; {checked}",
+    )
 
 
 def waiting(queue: list[dict[str, Any]]) -> list[str]:
@@ -898,14 +1052,22 @@ def _with_mock(demo: Run, settings: Settings, *, again: bool) -> dict[str, Any]:
         bind_workspace(settings, demo.admin.base_url, update=True)
     else:
         account = create_accounts(demo.admin)
-        demo.say(f"accounts: {mail.MAILBOX} (the workspace's), {', '.join(mail.PEOPLE)}")
+        demo.say(
+            f"accounts: {mail.MAILBOX} (Google) and {mail.OUTLOOK_MAILBOX} (Microsoft), the "
+            f"workspace's; {', '.join(mail.PEOPLE)}"
+        )
         demo.progress("setting up the demo station: a plain demo vault and one workspace")
         bind_workspace(settings, demo.admin.base_url, update=False)
         store_oauth(settings, account)
-        demo.say(f"vault ({settings.vault_directory}): {', '.join(VAULT_NAMES.values())}")
+        store_worker(settings)
+        demo.say(
+            f"vault ({settings.vault_directory}): {mail.MAILBOX}: "
+            f"{', '.join(VAULT_NAMES.values())}; {mail.OUTLOOK_MAILBOX}: password, totp"
+        )
         demo.say(
             f"registered {mail.WORKSPACE_ID} (the registry was empty): {mail.MAILBOX}, "
-            "provider google, channels [api], on this mock"
+            f"provider google, channels [api]; {mail.OUTLOOK_MAILBOX}, provider microsoft, "
+            "channels [browser] (Graph not permitted); on this mock"
         )
     drive: Callable[[Run, Settings], Awaitable[None]] = replay if again else lifecycle
     try:
