@@ -502,3 +502,37 @@ def test_the_providers_own_admin_api_shows_the_reply_the_demo_reports(
         server.wait(timeout=30)
         if server.stdout is not None:
             server.stdout.close()
+
+
+def test_paused_at_the_gate_nothing_is_sent_until_an_approval_in_the_console_lets_it_go_on(
+    tmp_path: Path,
+) -> None:
+    from agent.domain.approval import Decision  # noqa: PLC0415
+    from agent.services import console  # noqa: PLC0415
+    from agent.services.clock import SystemClock  # noqa: PLC0415
+    from agent.storage.sqlite import SqliteStore  # noqa: PLC0415
+
+    paused = run_demo(tmp_path / "first", "--pause-at-approval")
+    said = paused.done.stdout
+    assert "== paused at the approval gate ==" in said and "== summary ==" not in said
+    assert f"outloop console --data-dir {paused.root}" in said
+    assert paused.held(mail.HEBREW_CLIENT, "inbox") == []  # nothing went to the client
+    task_id = json.loads((paused.root / "demo" / "paused.json").read_text())["task_id"]
+    store = SqliteStore(paused.root / "outloop.db")
+    try:  # what the console's Approve does (agent.services.console.decide)
+        task = store.get_task(task_id)
+        assert task is not None and task.state.value == "WAITING_INTERNAL_APPROVAL"
+        asked = task.approval_requests[-1]
+        console.decide(
+            store, task_id, SystemClock(), approver=mail.APPROVER, decision=Decision.APPROVED,
+            draft_digest=asked.draft_digest, recipients=asked.recipients, where="127.0.0.1",
+        )  # fmt: skip
+    finally:
+        store.close()
+    again = run_demo(tmp_path / "then", "--data-dir", str(paused.root))
+    assert "taking the approval as it was given while the demo was paused" in again.done.stdout
+    progress = [line for line in again.lines if re.match(r"^\[\d+/10\] ", line)]
+    assert len(progress) == 10, again.lines
+    assert len(again.held(mail.HEBREW_CLIENT, "inbox")) == 1  # sent once, after the approval
+    assert again.summary()["result"][0].startswith("OK in ")
+    assert not (paused.root / "demo" / "paused.json").exists()

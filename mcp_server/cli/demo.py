@@ -70,6 +70,8 @@ VAULT_NAMES = {
 }
 """The mock account's values by the vault names ``outloop connect`` stores them under."""
 STEPS = 14
+PAUSED_STEPS = 6
+RESUME_STEPS = 10
 REPLAY_STEPS = 4
 
 
@@ -301,6 +303,8 @@ class Run:
     facts: dict[str, Any] = dataclasses.field(default_factory=dict[str, Any])
     open_runs: set[str] = dataclasses.field(default_factory=set[str])
     """The runs intake opened that are not reconciled yet."""
+    pause: bool = False
+    """Stop at the approval gate (``--pause-at-approval``) instead of playing the approver."""
 
     def progress(self, what: str) -> None:
         self.step += 1
@@ -708,12 +712,45 @@ async def lifecycle_steps(run: Run, client: Client) -> None:
     task_id = str(claim_from(run, mail.HEBREW_CLIENT)["task_id"])
     draft = await render_step(run, client, task_id)
     request = await approval_step(run, client, task_id, draft, scanned)
+    if run.pause:
+        run.facts["paused"] = {
+            "task_id": task_id, "draft_id": draft["draft_id"],
+            "request_message_id": request["request_message_id"],
+        }  # fmt: skip
+        return
     await approver_step(run, client, task_id, request)
+    await after_approval(run, client, task_id, draft)
+
+
+async def after_approval(run: Run, client: Client, task_id: str, draft: dict[str, Any]) -> None:
+    """From the gate on: the send and its read-back, the Microsoft 365 mailbox through
+    Outlook on the web, the report and the replay."""
     sent = await send_step(run, client, task_id, draft)
     await read_back_step(run, client, task_id, sent)
     await outlook_steps(run, client)
     await finish_step(run, client, task_id)
     run.facts["task"] = await call(client, "get_task", task_id=task_id)
+
+
+async def resume(run: Run, settings: Settings) -> None:
+    """The run after ``--pause-at-approval``: the approval given in the console is taken
+    as it is, else the approver's reply is played; then the rest of the lifecycle."""
+    await hosted(run, settings, resume_steps)
+
+
+async def resume_steps(run: Run, client: Client) -> None:
+    paused: dict[str, str] = run.facts["paused"]
+    await check_access(run, client)
+    task_id = paused["task_id"]
+    task = await call(client, "get_task", task_id=task_id)
+    if task["state"] == "WAITING_INTERNAL_APPROVAL":
+        await approver_step(run, client, task_id, paused)
+    else:
+        run.progress("taking the approval as it was given while the demo was paused")
+        expect(task["state"] == "APPROVED_TO_SEND", f"an approved task: {task['state']}")
+        decided = task["approval_decisions"][-1]
+        run.say(f"{decided['decision']} by {decided['approver']}: {decided['reason']}")
+    await after_approval(run, client, task_id, {"draft_id": paused["draft_id"]})
 
 
 async def replay(run: Run, settings: Settings) -> None:
@@ -986,7 +1023,14 @@ def injection_summary(run: Run, found: dict[str, Any]) -> list[str]:
     help=f"Run the demo in this data directory (env {DATA_DIR_ENV}); it must hold no other "
     "workspace. Default: a new temporary directory.",
 )
-def demo_command(data_dir: Path | None) -> None:
+@click.option(
+    "--pause-at-approval",
+    "pause",
+    is_flag=True,
+    help="Stop at the approval gate and print how to approve (the console, or the "
+    "approver's reply); run the demo again in the same --data-dir to go on.",
+)
+def demo_command(data_dir: Path | None, pause: bool) -> None:
     """Run the whole email lifecycle against local mock providers, and show it.
 
     Starts the mock Gmail API in this process on 127.0.0.1, binds a demo workspace's mailbox
@@ -1002,13 +1046,14 @@ def demo_command(data_dir: Path | None) -> None:
     root = data_dir if data_dir is not None else Path(tempfile.mkdtemp(prefix="outloop-demo-"))
     click.echo(f"demo data directory: {root}")
     try:
-        run(demo_settings(root), click.echo)
+        run(demo_settings(root), click.echo, pause=pause)
     except OutloopError as exc:
         fail(exc)
 
 
-def run(settings: Settings, echo: Echo) -> None:
-    """The demo in ``settings.data_dir``: the whole lifecycle the first time, a replay after."""
+def run(settings: Settings, echo: Echo, *, pause: bool = False) -> None:
+    """The demo in ``settings.data_dir``: the whole lifecycle the first time (or up to the
+    approval gate, with ``pause``), a replay after (or the rest, after a pause)."""
     from fixtures.serve import STATE_FILE  # noqa: PLC0415
 
     started = time.monotonic()
@@ -1021,7 +1066,16 @@ def run(settings: Settings, echo: Echo) -> None:
             "earlier version's demo, or a run that did not finish); run the demo with a new "
             "--data-dir"
         )
-    demo = Run(echo, REPLAY_STEPS if again else STEPS)
+    paused_file = root / "demo" / PAUSED_FILE
+    paused = (
+        json.loads(paused_file.read_text(encoding="utf-8"))
+        if again and paused_file.exists()
+        else None
+    )
+    total = RESUME_STEPS if paused else REPLAY_STEPS if again else PAUSED_STEPS if pause else STEPS
+    demo = Run(echo, total, pause=pause and not again)
+    if paused is not None:
+        demo.facts["paused"] = paused
     demo.progress("starting the mock providers (Gmail API, OAuth, admin API) in this process")
     try:
         demo.admin = mock.start()
@@ -1034,12 +1088,39 @@ def run(settings: Settings, echo: Echo) -> None:
     expect(mock.gone(), "the mock providers to be stopped, their thread and port gone")
     evidence = root / "demo" / "mailboxes.json"
     evidence.write_text(json.dumps(boxes, ensure_ascii=False, indent=2), encoding="utf-8")
+    if "paused" in demo.facts and paused is None:
+        paused_file.write_text(json.dumps(demo.facts["paused"]), encoding="utf-8")
+        for line in pause_instructions(root, demo.facts["paused"]):
+            echo(line)
+        return
+    paused_file.unlink(missing_ok=True)
     found = verify_mailboxes(boxes)
     seconds = time.monotonic() - started
     report = write_report(root / "demo" / "report.html", report_facts(demo, found, root, seconds))
     echo("\n== summary ==")
     for line in summary(demo, found, evidence, report, seconds):
         echo(line)
+
+
+PAUSED_FILE = "paused.json"
+"""Where a run stopped at the approval gate keeps the task it stopped at."""
+
+
+def pause_instructions(root: Path, paused: dict[str, str]) -> list[str]:
+    """How to approve, then go on."""
+    data = f"--data-dir {root}"
+    return [
+        "",
+        "== paused at the approval gate ==",
+        f"task {paused['task_id']} waits for {mail.APPROVER} to approve draft "
+        f"{paused['draft_id']} (request {paused['request_message_id']}); nothing was sent to "
+        "the client.",
+        "Approve it in the console, as the approver:",
+        f"  export OUTLOOP_VAULT_BACKEND=plain OUTLOOP_VAULT_DIR={root / 'demo' / 'vault'}",
+        f"  outloop console password {mail.APPROVER} {data}",
+        f"  outloop console {data}    # open the URL it prints, sign in, open the task, Approve",
+        f"or let the demo play her emailed reply. Either way, then run: outloop demo {data}",
+    ]
 
 
 def _with_mock(demo: Run, settings: Settings, *, again: bool) -> dict[str, Any]:
@@ -1069,7 +1150,9 @@ def _with_mock(demo: Run, settings: Settings, *, again: bool) -> dict[str, Any]:
             f"provider google, channels [api]; {mail.OUTLOOK_MAILBOX}, provider microsoft, "
             "channels [browser] (Graph not permitted); on this mock"
         )
-    drive: Callable[[Run, Settings], Awaitable[None]] = replay if again else lifecycle
+    drive: Callable[[Run, Settings], Awaitable[None]] = (
+        resume if "paused" in demo.facts else replay if again else lifecycle
+    )
     try:
         anyio.run(drive, demo, settings)
     except BaseExceptionGroup as group:  # the MCP client's task group wraps what failed
