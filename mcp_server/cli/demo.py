@@ -28,6 +28,7 @@ import email.policy
 import json
 import re
 import socket
+import sys
 import tempfile
 import threading
 import time
@@ -42,6 +43,7 @@ from typing import TYPE_CHECKING, Any, cast
 import anyio
 import click
 
+from agent.domain.approval import CONSOLE_EVIDENCE
 from agent.domain.errors import OutloopError, RegistryError
 from agent.domain.secrets import CredentialRef, Secret
 from agent.domain.untrusted import flag
@@ -396,6 +398,14 @@ def mock_mailboxes(admin: MockAdmin) -> dict[str, Any]:
 
 
 async def check_access(run: Run, client: Client) -> None:
+    """Each mailbox's access path and why. Outlook on the web is opened for it: a browser
+    with no session signs in here with managed login."""
+    run.say(
+        f"checking each mailbox's access; for {mail.OUTLOOK_MAILBOX} the browser opens Outlook "
+        "on the web and, logged out, managed login types the worker's password and an "
+        "authenticator code from the demo vault (a code about to expire is not used: this may "
+        "wait for the next one), then re-verifies the account"
+    )
     access = await call(client, "access_status", workspace_id=mail.WORKSPACE_ID)
     run.facts["access"] = access["mailboxes"]
     for mailbox in access["mailboxes"]:
@@ -564,11 +574,7 @@ async def outlook_intake_step(run: Run, client: Client) -> tuple[dict[str, Any],
     letter = mail.outlook_request(datetime.now(UTC))
     _admin(lambda: run.admin.deliver(mail.OUTLOOK_MAILBOX, letter.raw))
     run.say(f"delivered: {letter.label}")
-    run.say(
-        "the browser starts logged out: managed login types the worker's password and an "
-        "authenticator code from the demo vault (a code about to expire is not used: it may "
-        "wait for the next one)"
-    )
+    run.say("read through the browser session managed login signed in at the access check")
     scanned, claims = await intake_and_claim(run, client, mailbox=mail.OUTLOOK_MAILBOX)
     claims_table(run, claims)
     expect(
@@ -743,6 +749,9 @@ async def resume_steps(run: Run, client: Client) -> None:
     await check_access(run, client)
     task_id = paused["task_id"]
     task = await call(client, "get_task", task_id=task_id)
+    if task["state"] == "WAITING_INTERNAL_APPROVAL" and run.pause:
+        run.facts["still_paused"] = True  # asked to pause again: nothing is approved or sent
+        return
     if task["state"] == "WAITING_INTERNAL_APPROVAL":
         await approver_step(run, client, task_id, paused)
     else:
@@ -772,7 +781,11 @@ async def replay_steps(run: Run, client: Client) -> None:
     await run.reconcile(client, "replay", scanned)
     run.progress("asking the server to send the approved Hebrew reply again")
     queue = (await call(client, "list_queue", workspace_id=mail.WORKSPACE_ID))["tasks"]
-    sent = [t for t in queue if t["sent_message_id"] and t["approval_requests"]]
+    sent = [
+        t for t in queue
+        if t["sent_message_id"] and t["approval_requests"]
+        and t["untrusted"]["sender"] == mail.HEBREW_CLIENT
+    ]  # fmt: skip
     if not sent:
         raise DemoError(
             "the demo's earlier run here did not finish its send; run the demo with a new "
@@ -884,8 +897,7 @@ def summary(
         "approval",
         f"requested from {', '.join(asked['approvers'])}: {shown(found['approval']['subject'])!r} "
         f"{asked['request_message_id']}",
-        f"{decided['decision']} by {decided['approver']} in her reply "
-        f"{decided['evidence_message_id']}: {decided['reason']}",
+        f"{decided['decision']} by {decided['approver']} {_given_in(decided)}: {decided['reason']}",
     )
     lines += _field("waiting", *(waiting(run.facts["queue"]) or ["nothing"]))
     recs = [f"{label}: {reconciliation_line(rec)}" for label, rec in run.reconciliations]
@@ -940,7 +952,7 @@ def report_facts(run: Run, found: dict[str, Any], root: Path, seconds: float) ->
         "approval": {
             "approvers": asked["approvers"], "request": asked["request_message_id"],
             "decision": decided["decision"], "approver": decided["approver"],
-            "evidence": decided["evidence_message_id"], "reason": decided["reason"],
+            "evidence": _given_in(decided), "reason": decided["reason"],
         },
         "injection": {
             "subject": mail.INJECTION_SUBJECT, "sender": mail.INJECTING_CLIENT,
@@ -950,6 +962,11 @@ def report_facts(run: Run, found: dict[str, Any], root: Path, seconds: float) ->
             "sent": [f"{m['subject']} to {', '.join(m['to'])}" for m in found["sent"]],
         },
     }  # fmt: skip
+
+
+def _given_in(decided: dict[str, Any]) -> str:
+    evidence = str(decided["evidence_message_id"])
+    return "in the console" if evidence.startswith(CONSOLE_EVIDENCE) else f"in her reply {evidence}"
 
 
 def outlook_summary(run: Run, found: dict[str, Any]) -> list[str]:
@@ -1033,12 +1050,17 @@ def injection_summary(run: Run, found: dict[str, Any]) -> list[str]:
 def demo_command(data_dir: Path | None, pause: bool) -> None:
     """Run the whole email lifecycle against local mock providers, and show it.
 
-    Starts the mock Gmail API in this process on 127.0.0.1, binds a demo workspace's mailbox
-    to it (OAuth secrets in a plain demo vault), delivers sample mail (Hebrew and English
-    requests, a follow-up, an auto-reply, a duplicate, a planted instruction), then drives
-    the MCP server as an agent host: intake, claims, a Hebrew reply rendered RTL, approval
-    by the approver's reply, the send in the original thread, read-back of the stored copy,
-    reconciliation. Prints each step and a summary; stops everything it started.
+    Starts the mock providers in this process on 127.0.0.1 and binds a demo workspace's two
+    mailboxes to them: one through the Gmail API (OAuth secrets in a plain demo vault), one
+    Microsoft 365 mailbox without Graph, through Outlook on the web in headless Chromium,
+    signed in by managed login (the worker's password and authenticator code from the
+    vault). Delivers sample mail (Hebrew and English requests, a follow-up, an auto-reply, a
+    duplicate, a planted instruction, a renewal request), then drives the MCP server as an
+    agent host: intake, claims, replies rendered (Hebrew right to left), approval by the
+    approver's reply, the sends in the original threads, read-back of the stored copies,
+    reconciliation. Prints each step and a summary, writes a self-contained HTML run report
+    (demo/report.html), and stops everything it started. --pause-at-approval stops at the
+    approval gate and prints how to approve.
 
     Works in a new temporary directory unless --data-dir names one (which must hold no
     other workspace); run again there, it replays the mailbox and shows that nothing is
@@ -1073,7 +1095,7 @@ def run(settings: Settings, echo: Echo, *, pause: bool = False) -> None:
         else None
     )
     total = RESUME_STEPS if paused else REPLAY_STEPS if again else PAUSED_STEPS if pause else STEPS
-    demo = Run(echo, total, pause=pause and not again)
+    demo = Run(echo, total, pause=pause and (paused is not None or not again))
     if paused is not None:
         demo.facts["paused"] = paused
     demo.progress("starting the mock providers (Gmail API, OAuth, admin API) in this process")
@@ -1088,7 +1110,7 @@ def run(settings: Settings, echo: Echo, *, pause: bool = False) -> None:
     expect(mock.gone(), "the mock providers to be stopped, their thread and port gone")
     evidence = root / "demo" / "mailboxes.json"
     evidence.write_text(json.dumps(boxes, ensure_ascii=False, indent=2), encoding="utf-8")
-    if "paused" in demo.facts and paused is None:
+    if "paused" in demo.facts and (paused is None or demo.facts.get("still_paused")):
         paused_file.write_text(json.dumps(demo.facts["paused"]), encoding="utf-8")
         for line in pause_instructions(root, demo.facts["paused"]):
             echo(line)
@@ -1109,6 +1131,8 @@ PAUSED_FILE = "paused.json"
 def pause_instructions(root: Path, paused: dict[str, str]) -> list[str]:
     """How to approve, then go on."""
     data = f"--data-dir {root}"
+    found = Path(sys.executable).parent / "outloop"
+    outloop = str(found) if found.exists() else "outloop"
     return [
         "",
         "== paused at the approval gate ==",
@@ -1117,9 +1141,11 @@ def pause_instructions(root: Path, paused: dict[str, str]) -> list[str]:
         "the client.",
         "Approve it in the console, as the approver:",
         f"  export OUTLOOP_VAULT_BACKEND=plain OUTLOOP_VAULT_DIR={root / 'demo' / 'vault'}",
-        f"  outloop console password {mail.APPROVER} {data}",
-        f"  outloop console {data}    # open the URL it prints, sign in, open the task, Approve",
-        f"or let the demo play her emailed reply. Either way, then run: outloop demo {data}",
+        f"  {outloop} console password {mail.APPROVER} {data}",
+        f"  {outloop} console {data}",
+        "  then open http://127.0.0.1:8770/ (the URL it prints), sign in as the approver, open "
+        "the task and choose Approve;",
+        f"or let the demo play her emailed reply. Either way, then run: {outloop} demo {data}",
     ]
 
 
@@ -1129,6 +1155,9 @@ def _with_mock(demo: Run, settings: Settings, *, again: bool) -> dict[str, Any]:
     demo.say(f"listening on {demo.admin.base_url} (stopped when the demo ends)")
     if again:
         demo.say("restored the mock tenant the previous run kept")
+        with contextlib.suppress(click.ClickException):  # a tenant from before the 2nd mailbox
+            _admin(lambda: demo.admin.account(mail.OUTLOOK_MAILBOX, "microsoft"))
+        store_worker(settings)
         demo.progress("pointing the registered demo workspace at this mock (workspace update)")
         bind_workspace(settings, demo.admin.base_url, update=True)
     else:
