@@ -267,9 +267,9 @@ async def test_the_report_shows_the_stored_hebrew_reply_right_to_left_with_its_i
             for i in range(await isolates.count()):
                 bidi = await isolates.nth(i).evaluate("e => getComputedStyle(e).unicodeBidi")
                 assert bidi in ("isolate", "isolate-override", "plaintext"), bidi
-            frames = page.locator("iframe")
-            for i in range(await frames.count()):  # each painted before the capture
-                await frames.nth(i).scroll_into_view_if_needed()
+            # The whole report in view, so every framed copy is painted for the capture.
+            height = await page.evaluate("document.documentElement.scrollHeight")
+            await page.set_viewport_size({"width": 1100, "height": int(height)})
             await page.screenshot(path=artifacts("demo") / "report.png", full_page=True)
         finally:
             await browser.close()
@@ -558,3 +558,5 @@ def test_paused_at_the_gate_nothing_is_sent_until_an_approval_in_the_console_let
     assert len(again.held(mail.HEBREW_CLIENT, "inbox")) == 1  # sent once, after the approval
     assert again.summary()["result"][0].startswith("OK in ")
     assert not (paused.root / "demo" / "paused.json").exists()
+    reconciled = [line.split(":")[0] for line in again.summary()["reconciled"]]
+    assert reconciled[0] == "first intake"  # the paused run's, in the report of the whole

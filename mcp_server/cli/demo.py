@@ -722,6 +722,9 @@ async def lifecycle_steps(run: Run, client: Client) -> None:
         run.facts["paused"] = {
             "task_id": task_id, "draft_id": draft["draft_id"],
             "request_message_id": request["request_message_id"],
+            # what the report of the run that goes on shows of this one
+            "reconciliations": run.reconciliations,
+            "injection_task": run.facts.get("injection_task"),
         }  # fmt: skip
         return
     await approver_step(run, client, task_id, request)
@@ -1098,6 +1101,9 @@ def run(settings: Settings, echo: Echo, *, pause: bool = False) -> None:
     demo = Run(echo, total, pause=pause and (paused is not None or not again))
     if paused is not None:
         demo.facts["paused"] = paused
+        demo.reconciliations = [(str(label), rec) for label, rec in paused["reconciliations"]]
+        if paused.get("injection_task"):
+            demo.facts["injection_task"] = paused["injection_task"]
     demo.progress("starting the mock providers (Gmail API, OAuth, admin API) in this process")
     try:
         demo.admin = mock.start()
@@ -1118,7 +1124,9 @@ def run(settings: Settings, echo: Echo, *, pause: bool = False) -> None:
     paused_file.unlink(missing_ok=True)
     found = verify_mailboxes(boxes)
     seconds = time.monotonic() - started
-    report = write_report(root / "demo" / "report.html", report_facts(demo, found, root, seconds))
+    # A replay's report is its own: the full run's report stays as it was.
+    name = "replay-report.html" if again and paused is None else "report.html"
+    report = write_report(root / "demo" / name, report_facts(demo, found, root, seconds))
     echo("\n== summary ==")
     for line in summary(demo, found, evidence, report, seconds):
         echo(line)
