@@ -13,6 +13,7 @@ import base64
 import hashlib
 import html
 import json
+import logging
 import re
 import zlib
 from abc import ABC, abstractmethod
@@ -58,6 +59,7 @@ from agent.domain.mail import (
     StoredCopy,
 )
 from agent.domain.secrets import Secret
+from agent.events import Event, emit
 from agent.providers import mime, rfc822
 from browser_adapters.session import Browsers, MailboxBrowser
 from managed_login.flow import LoginReport, PageByPage, Step, WorkerSignIn
@@ -336,7 +338,32 @@ class WebMail(ABC):
 
     async def _sign_in(self) -> LoginReport:
         """Managed login in a context of its own; the signed-in account verified before
-        the session is kept and anything is read."""
+        the session is kept and anything is read. Its outcome is a decision record."""
+        try:
+            report = await self._signing_in()
+        except AuthChallengeUnresolved as exc:
+            self._login_record("challenge", exc.challenge, logging.WARNING)
+            raise
+        except ProviderError as exc:
+            self._login_record("failed", type(exc).__name__, logging.WARNING)
+            raise
+        by_person = Step.BY_PERSON in report.steps
+        outcome = "signed_in" if report.signed_in else "already_signed_in"
+        self._login_record(outcome, "by_person" if by_person else "managed", logging.INFO)
+        return report
+
+    def _login_record(self, outcome: str, reason: str, level: int) -> None:
+        emit(
+            Event.LOGIN,
+            level=level,
+            workspace_id=self._workspace_id,
+            mailbox_id=self._mailbox_id,
+            channel=Channel.BROWSER.value,
+            outcome=outcome,
+            reason=reason,
+        )
+
+    async def _signing_in(self) -> LoginReport:
         self._page = None
         self._refuse_a_refused_password()
         self._refuse_a_kept_challenge()

@@ -46,6 +46,7 @@ XDG_DATA_HOME_ENV = "XDG_DATA_HOME"
 MAIL_AS_ENV = "OUTLOOP_MAIL_AS"
 MAIL_POLL_ENV = "OUTLOOP_MAIL_POLL_SECONDS"
 MCP_TOKEN_ENV = "OUTLOOP_MCP_TOKEN"  # noqa: S105 - the name of the variable, not a token
+METRICS_TOKEN_ENV = "OUTLOOP_METRICS_TOKEN"  # noqa: S105 - the name of the variable, not a token
 CRASHPOINT_ENV = "OUTLOOP_CRASHPOINT"
 VAULT_DIR_ENV = "OUTLOOP_VAULT_DIR"
 VAULT_BACKEND_ENV = "OUTLOOP_VAULT_BACKEND"
@@ -63,6 +64,7 @@ __all__ = [
     "DATABASE_URL_SETTING",
     "DATA_DIR_ENV",
     "MCP_TOKEN_ENV",
+    "METRICS_TOKEN_ENV",
     "VAULT_BACKEND_ENV",
     "VAULT_DIR_ENV",
     "VAULT_KEY_ENV",
@@ -87,6 +89,9 @@ class Settings:
     postgresql:// URL, the shared PostgreSQL store. It may hold a password: never shown."""
     mcp_token: str | None = field(default=None, repr=False)
     """OUTLOOP_MCP_TOKEN: the bearer token the HTTP transport requires. Never shown."""
+    metrics_token: str | None = field(default=None, repr=False)
+    """OUTLOOP_METRICS_TOKEN: the bearer token ``/metrics``, ``/healthz`` and ``/readyz``
+    require (a scraper's, apart from the MCP token). Never shown."""
     crashpoint: str | None = None
     """OUTLOOP_CRASHPOINT: the crash point a crash test arms (``name`` or ``name:skip``)."""
     vault_dir: Path | None = None
@@ -145,6 +150,7 @@ def read_settings(
         data_dir=data_dir if data_dir is not None else _default_data_dir(env),
         database_url=env.get(DATABASE_URL_SETTING) or None,
         mcp_token=env.get(MCP_TOKEN_ENV) or None,
+        metrics_token=env.get(METRICS_TOKEN_ENV) or None,
         crashpoint=env.get(CRASHPOINT_ENV) or None,
         vault_dir=Path(env[VAULT_DIR_ENV]) if env.get(VAULT_DIR_ENV) else None,
         vault_backend=env.get(VAULT_BACKEND_ENV) or "file",

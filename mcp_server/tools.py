@@ -779,7 +779,10 @@ async def reconcile_tool(run_id: Id, ctx: Context) -> ReconciliationView:
                 store = rt.station.store
                 rec, reminders = store.run_summary(run_id), []
                 if rec is None:
+                    open_run = store.run_holder(run_id)
                     rec = store.reconcile_stale(run_id, rt.clock.now(), holder_alive)
+                    if rec is not None and open_run is not None:
+                        rec = intake.reconciled(rec, open_run.scope)
                 if rec is None:
                     if run_id not in set(store.list_runs()):
                         raise RegistryError(

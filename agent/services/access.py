@@ -26,6 +26,7 @@ channel starts the one now in use from the beginning (occurrence keys record not
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -58,6 +59,7 @@ from agent.domain.mail import (
     SendResult,
     StoredCopy,
 )
+from agent.events import Event, emit
 from agent.ports import Clock, MailProvider
 
 T = TypeVar("T")
@@ -231,17 +233,20 @@ class AccessRoute:
         try:
             adapter = candidate.build()
         except ProviderError as exc:
-            self._gap(candidate.channel, f"no connector: {exc}")
+            self._gap(candidate.channel, f"no connector: {exc}", "no_connector")
             return None
         self._built[candidate.channel] = adapter
         return adapter
 
-    def _gap(self, channel: Channel, reason: str) -> None:
+    def _gap(self, channel: Channel, reason: str, code: str) -> None:
         self._held[channel] = (self._clock.now(), reason)
+        self._step(channel, "passed_over", code, logging.WARNING)
         if self._record is not None:
             self._record(channel, f"channel {channel} passed over: {reason}")
 
     def _use(self, channel: Channel) -> None:
+        if channel != self._current:
+            self._step(channel, "fallback", f"from_{self._current}", logging.WARNING)
         if channel != self._current and self._record is not None:
             self._record(channel, f"channel {channel} in use (was {self._current})")
         self._current = channel
@@ -250,12 +255,25 @@ class AccessRoute:
     def _refuse(self, channel: Channel, action: Action, exc: AccessRefused | str) -> None:
         refusal = Refusal(channel, action, str(exc), self._clock.now())
         self._refusals[self._key] = refusal
+        self._step(channel, "refused", f"refused_to_{action}", logging.WARNING)
         if self._keep_refusal is not None:
             self._keep_refusal(refusal)
         if self._record is not None:
             self._record(
                 channel, f"channel {channel} refused to {action}: {exc} (not routed around)"
             )
+
+    def _step(self, channel: Channel, outcome: str, reason: str, level: int) -> None:
+        """An access step as a decision record (the mailbox, the channel, what and why)."""
+        emit(
+            Event.ACCESS,
+            level=level,
+            mailbox_id=self._mailbox_id,
+            provider=self._provider,
+            channel=channel.value,
+            outcome=outcome,
+            reason=reason,
+        )
 
     def _refused_text(self, refusal: Refusal, action: Action, why: str = "") -> str:
         what = "sending" if action is Action.SEND else "reading"
@@ -311,7 +329,7 @@ class AccessRoute:
             except ProviderError as exc:
                 if not is_gap(exc):
                     raise
-                self._gap(candidate.channel, f"{type(exc).__name__}: {exc}")
+                self._gap(candidate.channel, f"{type(exc).__name__}: {exc}", type(exc).__name__)
                 last = exc
                 continue
             self._use(candidate.channel)
@@ -366,7 +384,7 @@ class AccessRoute:
             raise
         except NotHandedOver as exc:
             if is_gap(exc) or type(exc) is NotHandedOver:
-                self._gap(channel, f"{type(exc).__name__}: {exc}")
+                self._gap(channel, f"{type(exc).__name__}: {exc}", type(exc).__name__)
             raise
         finally:
             self._prepared = None

@@ -19,6 +19,7 @@ from agent.domain.gates import DraftFacts, draft_digest, release_guard
 from agent.domain.records import TaskAmendment
 from agent.domain.states import TaskState
 from agent.domain.task import CommunicationState, Task
+from agent.events import Event, emit
 from agent.ports import Clock, MailProvider, TaskBoard
 from agent.rendering.render import RenderedMessage, render_message, reply_subject
 from agent.services import outbound
@@ -106,4 +107,6 @@ def release(board: TaskBoard, task_id: str, target: TaskState, evidence: str, cl
     refused = release_guard(task, closing=target in RELEASING)
     if refused is not None:
         raise GateRefused(refused)
-    return board.transition_task(task_id, target, evidence, clock.now())
+    moved = board.transition_task(task_id, target, evidence, clock.now())
+    emit(Event.TASK, workspace_id=moved.workspace_id, task_id=task_id, state=moved.state.value)
+    return moved

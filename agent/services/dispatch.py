@@ -12,6 +12,7 @@ dispatchers never scan it at once.
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -24,6 +25,7 @@ import anyio.lowlevel
 from agent.domain import schedule
 from agent.domain.errors import StoreError
 from agent.domain.records import DispatcherRow, Lease
+from agent.events import Event, emit
 from agent.ports import Clock, Dispatch, Health
 from agent.services.holder import current_holder, holder_alive, holder_where
 from agent.services.schedule import Installation
@@ -41,6 +43,14 @@ class Role(StrEnum):
     STANDBY = "standby"
     ONE_SHOT = "one-shot"
     STOPPED = "stopped"
+
+
+_LEASE_OUTCOME = {
+    Role.ACTIVE: "taken",
+    Role.STANDBY: "held_by_another",
+    Role.ONE_SHOT: "one_shot",
+    Role.STOPPED: "released",
+}
 
 
 @dataclass(frozen=True)
@@ -118,6 +128,14 @@ class Dispatcher:
             self.started_at = now
         if role != self.role:
             self.say(f"{role}: {detail}" if detail else str(role))
+            emit(
+                Event.LEASE,
+                level=logging.INFO,
+                workspace_id=self.workspace_id,
+                holder=self.holder,
+                role=role.value,
+                outcome=_LEASE_OUTCOME[role],
+            )
         self.role, self.detail = role, detail
         self.store.record_dispatcher(
             DispatcherRow(

@@ -20,6 +20,7 @@ from agent.domain.gates import (
     foreign_markers,
 )
 from agent.domain.task import Task
+from agent.events import Event, codes, emit
 from agent.ports import Registry, Tasks
 from agent.services.workspaces import load_context, registered_context
 
@@ -58,7 +59,7 @@ def check_send(
 ) -> GateResult:
     task = load_task(store, task_id)
     context = load_context(store, task.workspace_id)  # the live context, never the caller's
-    return evaluate_send(
+    result = evaluate_send(
         context,
         task,
         draft,
@@ -67,3 +68,12 @@ def check_send(
         foreign=other_workspaces(store, context),
         internal_only=internal_only,
     )
+    emit(
+        Event.GATE,
+        workspace_id=task.workspace_id,
+        task_id=task_id,
+        verdict="ready" if result.ready else "pending",
+        outcome=result.communication.value,
+        blockers=codes({r.blocker.value for r in result.reasons}),
+    )
+    return result

@@ -14,7 +14,9 @@ Steps 9 and 10 (the work itself, approvals, replies) belong to the agent host.
 
 from __future__ import annotations
 
+import logging
 import re
+import time
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
@@ -51,6 +53,7 @@ from agent.domain.records import (
 )
 from agent.domain.registry import Candidate, ResolutionStatus, resolve_workspace
 from agent.domain.run import LedgerEntry, MailboxCursor, Reconciliation, ThreadLink
+from agent.events import Event, emit
 from agent.ports import Claims, Clock, Health, MailProvider, RunLedger, ThreadAliases
 from agent.services import acks, approvals, claim, classify, reminders
 from agent.services.holder import current_holder, holder_alive
@@ -269,7 +272,7 @@ def _carry_over_dead_runs(
         stale = store.reconcile_stale(open_run.run_id, clock.now(), holder_alive)
         if stale is None:
             continue  # another worker reconciled it (and carried its items) first
-        result.reconciled_stale.append(stale)
+        result.reconciled_stale.append(reconciled(stale, context.workspace_id))
         carried.extend(p for e in undecided if (p := _replanned(context, e)) is not None)
     carried = list({p.ref: p for p in carried}.values())  # several dead runs held one item
     if carried:
@@ -412,6 +415,15 @@ class _Reader:
         found = _keep_legacy_keys(self.store, found)
         _record(self.store, self.run_id, found, self.clock, cursor)
         self.planned.extend(found)
+        emit(
+            Event.SCAN,
+            workspace_id=self.workspace_id,
+            run_id=self.run_id,
+            mailbox_id=binding.mailbox_id,
+            provider=binding.provider,
+            channel=caps.channel.value,
+            scanned=len(found),
+        )
 
 
 def _threaded(
@@ -502,6 +514,7 @@ async def claim_item(run: Scan, index: int, clock: Clock) -> ItemOutcome | None:
     is in ``item_errors`` and the station health record)."""
     store = run.store
     plan = run.planned[index]
+    started = time.perf_counter()
     if run.owns_run:
         run.renewed_at = _renew(store, run.run_id, run.holder, clock, run.renewed_at)
     request = ClaimRequest(
@@ -549,11 +562,35 @@ async def claim_item(run: Scan, index: int, clock: Clock) -> ItemOutcome | None:
         run.result.item_errors.append(f"{plan.ref}: {type(exc).__name__}: {exc}")
         return None
     run.result.items.append(outcome)
+    _record_decision(run, outcome, time.perf_counter() - started)
     if outcome.claim is not None and outcome.claim is not ClaimOutcome.CLAIMED:
         run.race.append((outcome.item_ref, outcome.disposition, outcome.detail))
         if len(run.race) >= RACE_BATCH:
             flush(run, clock)
     return outcome
+
+
+def _record_decision(run: Scan, outcome: ItemOutcome, seconds: float) -> None:
+    """The item's claim (when it was claimed) and its disposition, as decision records."""
+    workspace_id, run_id = run.result.workspace_id, run.run_id
+    if outcome.claim is not None:
+        emit(
+            Event.CLAIM,
+            workspace_id=workspace_id,
+            run_id=run_id,
+            item_ref=outcome.item_ref,
+            outcome=outcome.claim.value,
+            task_id=outcome.task_id,
+            duration_seconds=round(seconds, 6),
+        )
+    emit(
+        Event.DISPOSITION,
+        workspace_id=workspace_id,
+        run_id=run_id,
+        item_ref=outcome.item_ref,
+        disposition=outcome.disposition.value,
+        task_id=outcome.task_id,
+    )
 
 
 def flush(run: Scan, clock: Clock) -> None:
@@ -566,7 +603,9 @@ def flush(run: Scan, clock: Clock) -> None:
 async def finish(run: Scan, clock: Clock) -> RunResult:
     """Step 11: record what is buffered, reconcile the run, then send the reminders due."""
     flush(run, clock)
-    run.result.reconciliation = run.store.reconcile(run.run_id, clock.now())
+    run.result.reconciliation = reconciled(
+        run.store.reconcile(run.run_id, clock.now()), run.result.workspace_id
+    )
     # Reminders are their own work: a run that reconciled still sends the ones now due.
     try:
         run.result.reminders = await reminders.send_due(
@@ -576,6 +615,23 @@ async def finish(run: Scan, clock: Clock) -> RunResult:
         for provider in run.providers.values():
             await provider.aclose()
     return run.result
+
+
+def reconciled(rec: Reconciliation, workspace_id: str) -> Reconciliation:
+    """The run's reconciliation, recorded as a decision (a warning when it failed)."""
+    emit(
+        Event.RECONCILIATION,
+        level=logging.INFO if rec.clean else logging.WARNING,
+        workspace_id=workspace_id,
+        run_id=rec.run_id,
+        scanned=rec.scanned,
+        terminal=rec.terminal,
+        non_terminal=rec.non_terminal,
+        claim_race=rec.claim_race,
+        reconciliation_failed=rec.reconciliation_failed,
+        clean=rec.clean,
+    )
+    return rec
 
 
 async def run_cycle(

@@ -14,6 +14,8 @@ same message never goes twice because a channel changed or an acknowledgement wa
 from __future__ import annotations
 
 import hashlib
+import logging
+import time
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from enum import StrEnum
@@ -44,6 +46,7 @@ from agent.domain.mail import (
 )
 from agent.domain.records import SendAttempt, SendIntent, SendRecord, SendState, TaskAmendment
 from agent.domain.task import MessageRef, Task
+from agent.events import Event, emit
 from agent.ports import Clock, MailProvider, SendLedger, Tasks
 from agent.rendering.render import RenderedMessage
 from agent.services.holder import current_holder, holder_alive
@@ -142,7 +145,63 @@ async def send_once(
 
     An unfinished send of another live worker is left to it for at most IN_FLIGHT; one of
     a dead worker is taken over and settled from the sent copies before anything is sent.
+    The outcome is a decision record: the ledger's state, the status and the channel.
     """
+    started = time.perf_counter()
+    try:
+        outcome = await _send_once(store, provider, intent, message, clock, cap)
+    except ProviderError as exc:
+        _record_send(
+            intent.workspace_id, intent.key, provider, started, "failed", type(exc).__name__
+        )
+        raise
+    _record_send(
+        intent.workspace_id,
+        intent.key,
+        provider,
+        started,
+        outcome.status.value,
+        outcome.record.state.value,
+        outcome.record.channel,
+        intent.task_id,
+    )
+    return outcome
+
+
+def _record_send(
+    workspace_id: str,
+    key: str,
+    provider: MailProvider,
+    started: float,
+    status: str,
+    state: str,
+    channel: str = "",
+    task_id: str | None = None,
+) -> None:
+    emit(
+        Event.SEND,
+        level=logging.WARNING if status in _WARN else logging.INFO,
+        workspace_id=workspace_id,
+        task_id=task_id,
+        send_key=key,
+        channel=channel or provider.capabilities.channel.value,
+        outcome=status,
+        state=state,
+        duration_seconds=round(time.perf_counter() - started, 6),
+    )
+
+
+_WARN = frozenset({"failed", SendStatus.UNCERTAIN.value, SendStatus.WITH_PERSON.value})
+
+
+async def _send_once(
+    store: OutboundStore,
+    provider: MailProvider,
+    intent: SendIntent,
+    message: OutgoingMessage,
+    clock: Clock,
+    cap: int | None,
+) -> SendOutcome:
     if message.internet_message_id != intent.internet_message_id:
         raise ValueError("the message and its intent must carry the same Message-ID")
     handover = await checked_handover(store, provider, intent, message, clock)

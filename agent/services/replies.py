@@ -10,6 +10,8 @@ with the send_id it went out as.
 
 from __future__ import annotations
 
+import logging
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -30,6 +32,7 @@ from agent.domain.recipients import Communication
 from agent.domain.records import SendRecord, SendState, TaskAmendment
 from agent.domain.states import TaskState
 from agent.domain.task import CommunicationState, MessageRef, NextAction, Task
+from agent.events import Event, codes, emit
 from agent.ports import Clock, Drafts, MailProvider, SendLedger, Tasks
 from agent.rendering.render import RenderedMessage
 from agent.rendering.verify import Check, ReadBackReport, verify_read_back
@@ -262,7 +265,32 @@ async def read_back(
     clock: Clock,
 ) -> ReadBack:
     """Fetch the provider's stored copy of a send and check recipients, subject, thread,
-    message id, direction, language and isolated fragments against what was rendered."""
+    message id, direction, language and isolated fragments against what was rendered. The
+    result is a decision record: passed, or failed with the checks that failed."""
+    started = time.perf_counter()
+    found = await _read_back(store, provider_for, record, clock)
+    report = found.report
+    emit(
+        Event.READ_BACK,
+        level=logging.INFO if report.ok else logging.WARNING,
+        workspace_id=record.workspace_id,
+        task_id=record.task_id,
+        send_key=record.key,
+        channel=record.channel or None,
+        result="passed" if report.ok else "failed",
+        checks=len(report.checks),
+        checks_failed=codes(c.name for c in report.failed),
+        duration_seconds=round(time.perf_counter() - started, 6),
+    )
+    return found
+
+
+async def _read_back(
+    store: TaskDrafts,
+    provider_for: Callable[[Task], MailProvider],
+    record: SendRecord,
+    clock: Clock,
+) -> ReadBack:
     send_id = record.key
     draft_id = _draft_of(record.key)
     to, cc = record.to, record.cc

@@ -15,16 +15,30 @@ DATABASE_URL_SETTING = "OUTLOOP_DATABASE_URL"
 POSTGRES_SCHEMES = ("postgresql", "postgres")
 
 
-def open_store(database_url: str | None, sqlite_path: Path) -> EmbeddedStore:
-    """The store the setting names; a bad value fails here, naming the setting."""
+PROBE_SECONDS = 3.0
+"""How long a probe's store (``bounded``) waits for the database before saying it does not
+answer."""
+
+
+def open_store(
+    database_url: str | None, sqlite_path: Path, *, bounded: bool = False
+) -> EmbeddedStore:
+    """The store the setting names; a bad value fails here, naming the setting. ``bounded``:
+    a probe's store, which gives up on an unreachable database within ``PROBE_SECONDS``."""
     if database_url is None or not database_url.strip():
         from agent.storage.sqlite import SqliteStore  # noqa: PLC0415 - only what is used
 
         return SqliteStore(sqlite_path)
     scheme, sep, _ = database_url.strip().partition("://")
     if sep and scheme.lower() in POSTGRES_SCHEMES:
-        from agent.storage.postgres import PostgresStore  # noqa: PLC0415 - psycopg only here
+        # psycopg is imported only here
+        from agent.storage.postgres import PostgresStore, RetryPolicy  # noqa: PLC0415
 
+        if bounded:
+            policy = RetryPolicy(max_attempts=3, deadline_s=PROBE_SECONDS)
+            return PostgresStore(
+                database_url.strip(), pool_size=1, retry=policy, connect_timeout_s=2
+            )
         return PostgresStore(database_url.strip())
     shown = f"a {scheme!r} URL" if sep else "a value that is not a URL"
     raise StoreError(

@@ -5,6 +5,7 @@ composition root (``mcp_server.composition``) and builds what it runs from them.
 from __future__ import annotations
 
 import logging
+import os
 
 import click
 
@@ -14,6 +15,7 @@ from mcp_server.cli.console import console_group
 from mcp_server.cli.demo import demo_command
 from mcp_server.cli.dispatch import dispatch_command
 from mcp_server.cli.fixtures import fixtures
+from mcp_server.cli.health import health_command
 from mcp_server.cli.login import login_command
 from mcp_server.cli.mail import mail_group
 from mcp_server.cli.pack import pack_group
@@ -23,6 +25,7 @@ from mcp_server.cli.sends import sends
 from mcp_server.cli.serve import serve_command
 from mcp_server.cli.vault import vault
 from mcp_server.cli.workspace import workspace
+from mcp_server.observability import logs
 
 __all__ = ["main"]
 
@@ -34,6 +37,10 @@ def main() -> None:
     # The PostgreSQL driver's pool logs every connection it discards after a fault as a
     # warning; the store retries those faults itself and reports what it could not survive.
     logging.getLogger("psycopg").setLevel(logging.ERROR)
+    # Every command's records go to stderr from WARNING up (the servers' own options show
+    # more); OUTLOOP_LOG_FORMAT chooses text or JSON lines.
+    form = os.environ.get(logs.FORMAT_ENV, "")
+    logs.configure(form if form in logs.FORMATS else "text", "warning")
 
 
 for command in (
@@ -44,6 +51,7 @@ for command in (
     run_command,
     schedule_group,
     dispatch_command,
+    health_command,
     sends,
     mail_group,
     console_group,

@@ -14,6 +14,7 @@ from agent.domain.secrets import Secret
 from agent.services.clock import SystemClock
 from managed_login import console as credentials
 from mcp_server import composition
+from mcp_server.cli.observe import log_options, metrics_option, serving_probes
 from mcp_server.cli.shared import data_dir_option, fail, read_settings, station_for
 
 
@@ -30,6 +31,8 @@ from mcp_server.cli.shared import data_dir_option, fail, read_settings, station_
     type=click.Path(dir_okay=False, path_type=Path),
     help="TLS private key (required off loopback).",
 )
+@metrics_option
+@log_options
 @data_dir_option
 @click.pass_context
 def console_group(
@@ -38,6 +41,7 @@ def console_group(
     port: int,
     tls_cert: Path | None,
     tls_key: Path | None,
+    metrics_port: int | None,
     data_dir: Path | None,
 ) -> None:
     """Run the operator console: sign in as a Workspace Context identity, see the queue,
@@ -86,7 +90,8 @@ def console_group(
         sys.stdout.flush()
 
     try:
-        http.serve(app, sock, ready, tls=(tls_cert, tls_key) if not loopback else None)
+        with serving_probes(settings, metrics_port, "operator console"):
+            http.serve(app, sock, ready, tls=(tls_cert, tls_key) if not loopback else None)
     finally:
         station.close()
 

@@ -15,8 +15,9 @@ import click
 from agent.domain.errors import OutloopError
 from agent.services import dispatch
 from agent.services.clock import SystemClock
-from agent.services.dispatch import CycleOutcome, Dispatcher, Plan
+from agent.services.dispatch import CycleOutcome, Dispatcher, Plan, Role
 from agent.services.workspaces import load_context
+from mcp_server.cli.observe import log_options, metrics_option, serving_probes
 from mcp_server.cli.shared import data_dir_option, fail, open_station, read_settings, run_cycle
 from mcp_server.composition import Station, installation
 
@@ -98,6 +99,8 @@ def _say(line: str) -> None:
     "over this long after the holder stopped (at once on the same machine).",
 )
 @click.option("--quiet", is_flag=True, help="No per-run summary on stderr.")
+@metrics_option
+@log_options
 @data_dir_option
 def dispatch_command(
     workspace_id: str,
@@ -107,6 +110,7 @@ def dispatch_command(
     poll: float,
     lease_seconds: float,
     quiet: bool,
+    metrics_port: int | None,
     data_dir: Path | None,
 ) -> None:
     """Run the workspace's cycles on its schedule: intake, claims, triage, acknowledgements
@@ -116,7 +120,8 @@ def dispatch_command(
     giving the lease up; SIGUSR1 asks for one cycle now."""
     if lease_seconds <= poll:
         raise click.BadParameter("must be longer than --poll", param_hint="--lease-seconds")
-    station = open_station(read_settings(data_dir))
+    settings = read_settings(data_dir)
+    station = open_station(settings)
     dispatcher = Dispatcher(
         store=station.store,
         workspace_id=workspace_id,
@@ -131,7 +136,14 @@ def dispatch_command(
     )
     try:
         dispatcher.plan()  # the workspace and its schedule, or one line saying what to run
-        ran = anyio.run(_main, dispatcher, once, no_wait, run_now)
+        with serving_probes(
+            settings,
+            metrics_port,
+            f"dispatcher of {workspace_id}",
+            role=lambda: readiness(dispatcher),
+            roles=lambda: {workspace_id: (dispatcher.role or "starting")},
+        ):
+            ran = anyio.run(_main, dispatcher, once, no_wait, run_now)
         if not ran:
             held_by = dispatcher.holder_of(dispatch.lease_name(workspace_id))
             _say(f"not run: the lease is held by {held_by}")
@@ -141,6 +153,16 @@ def dispatch_command(
         station.close()
     if not ran:
         sys.exit(EXIT_HELD)
+
+
+def readiness(dispatcher: Dispatcher) -> tuple[bool, str]:
+    """Ready while it holds the workspace's lease or stands by for it (standing by is its
+    work, not an error); not before its first turn or after it stopped."""
+    role = dispatcher.role
+    if role is None:
+        return False, "starting: the lease not yet asked for"
+    said = f"{role.value}: {dispatcher.detail}" if dispatcher.detail else role.value
+    return role is not Role.STOPPED, said
 
 
 async def _main(dispatcher: Dispatcher, once: bool, no_wait: bool, run_now: bool) -> bool:

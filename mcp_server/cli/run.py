@@ -15,6 +15,7 @@ import click
 from agent.domain.errors import OutloopError
 from agent.domain.mail import Channel
 from agent.services import intake
+from mcp_server.cli.observe import logs_at
 from mcp_server.cli.shared import data_dir_option, fail, open_station, read_settings, run_cycle
 from mcp_server.composition import Providers, Settings
 
@@ -103,6 +104,7 @@ def _echo_reconciliation(result: intake.RunResult) -> None:
     "headless browser session (each mailbox's web app, signed in by managed login). "
     "Default: each mailbox's permitted channels in the access order.",
 )
+@logs_at("warning")
 @data_dir_option
 def run_command(
     workspace_id: str,

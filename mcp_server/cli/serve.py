@@ -11,6 +11,7 @@ import anyio
 import click
 
 from agent.domain.errors import OutloopError
+from mcp_server.cli.observe import log_options, metrics_option, serving_probes
 from mcp_server.cli.shared import data_dir_option, fail, number_option, read_settings
 
 
@@ -37,9 +38,16 @@ from mcp_server.cli.shared import data_dir_option, fail, number_option, read_set
     help="Serve HTTP without a bearer token. Loopback only; for local tools such as the MCP "
     "conformance suite.",
 )
+@metrics_option
+@log_options
 @data_dir_option
 def serve_command(
-    transport: str, host: str, port: int, insecure_no_auth: bool, data_dir: Path | None
+    transport: str,
+    host: str,
+    port: int,
+    insecure_no_auth: bool,
+    metrics_port: int | None,
+    data_dir: Path | None,
 ) -> None:
     """Run the Outloop MCP server for the workspaces registered in the data directory.
 
@@ -54,9 +62,10 @@ def serve_command(
     if transport == "stdio":
         if insecure_no_auth:
             raise click.UsageError("--insecure-no-auth applies to --transport http only")
-        # stdout carries the protocol: nothing else may be printed there. Every line the
-        # SDK cannot read is answered (see mcp_server/stdio.py).
-        anyio.run(stdio.serve, build_server(settings))
+        # stdout carries the protocol: nothing else may be printed there (log records go
+        # to stderr). Every line the SDK cannot read is answered (see mcp_server/stdio.py).
+        with serving_probes(settings, metrics_port, "mcp server (stdio)"):
+            anyio.run(stdio.serve, build_server(settings))
         return
     token = settings.mcp_token
     try:
@@ -85,4 +94,5 @@ def serve_command(
         click.echo(json.dumps({"url": url, "auth": "none" if insecure_no_auth else "bearer"}))
         sys.stdout.flush()
 
-    http.serve(server.streamable_http_app(host=host), sock, ready)
+    with serving_probes(settings, metrics_port, "mcp server (http)"):
+        http.serve(server.streamable_http_app(host=host), sock, ready)

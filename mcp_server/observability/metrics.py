@@ -1,0 +1,323 @@
+"""Prometheus metrics: the decision records counted, and the station's state read from the
+store when scraped.
+
+Counters and histograms are fed by ``Counting``, a logging handler on the decision loggers
+(``agent.events``): a metric moves exactly when a record is made, and carries only fields a
+record may carry (ids and codes, never text from mail). Gauges are read from the store at
+scrape time (``StationGauges``), so every process of a station shows the same figures.
+
+Several processes on one host (a dispatcher per workspace, stdio servers a host starts)
+share their counters when ``PROMETHEUS_MULTIPROC_DIR`` names a directory for them all before
+they start: each process writes its values there, and any process serving ``/metrics`` shows
+their sums (clear the directory when the station is restarted as a whole).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from functools import cache
+from typing import Final
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.multiprocess import MultiProcessCollector
+from prometheus_client.registry import Collector
+
+from agent import events
+from agent.events import Event
+from agent.services.status import WorkspaceStatus
+
+MULTIPROC_ENV: Final = "PROMETHEUS_MULTIPROC_DIR"
+CONTENT_TYPE: Final = "text/plain; version=0.0.4; charset=utf-8"
+LATENCY_BUCKETS: Final = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+
+Fields = Mapping[str, events.Field]
+
+
+def _label(fields: Fields, name: str) -> str:
+    value = fields.get(name)
+    return "" if value is None else str(value)
+
+
+@dataclass(frozen=True)
+class Meters:
+    """Every counter and histogram of a process."""
+
+    registry: CollectorRegistry
+    items_scanned: Counter
+    claims: Counter
+    claim_seconds: Histogram
+    dispositions: Counter
+    reconciliations: Counter
+    reconciliation_failures: Counter
+    gate_checks: Counter
+    sends: Counter
+    send_seconds: Histogram
+    read_backs: Counter
+    read_back_seconds: Histogram
+    access_steps: Counter
+    access_fallbacks: Counter
+    logins: Counter
+    lease_changes: Counter
+    task_transitions: Counter
+
+
+def multiprocess_dir() -> str | None:
+    """The shared directory of a host's processes, when set."""
+    return os.environ.get(MULTIPROC_ENV) or None
+
+
+@cache
+def meters() -> Meters:
+    """This process's meters, made once (in the shared directory when one is set)."""
+    registry = CollectorRegistry()
+    own = None if multiprocess_dir() else registry
+
+    def counter(name: str, doc: str, labels: Iterable[str]) -> Counter:
+        return Counter(name, doc, list(labels), registry=own)
+
+    def histogram(name: str, doc: str, labels: Iterable[str]) -> Histogram:
+        return Histogram(name, doc, list(labels), registry=own, buckets=LATENCY_BUCKETS)
+
+    return Meters(
+        registry=registry,
+        items_scanned=counter(
+            "outloop_items_scanned", "Mail items read for runs.", ("workspace", "channel")
+        ),
+        claims=counter("outloop_claims", "Occurrence claims by outcome.", ("workspace", "outcome")),
+        claim_seconds=histogram(
+            "outloop_claim_duration_seconds", "Time to claim an item and write its task.", ()
+        ),
+        dispositions=counter(
+            "outloop_dispositions", "Scanned items' dispositions.", ("workspace", "disposition")
+        ),
+        reconciliations=counter(
+            "outloop_reconciliations", "Runs reconciled, clean or not.", ("workspace", "clean")
+        ),
+        reconciliation_failures=counter(
+            "outloop_reconciliation_failures",
+            "Runs whose reconciliation failed (RECONCILIATION_FAILED).",
+            ("workspace",),
+        ),
+        gate_checks=counter("outloop_gate_checks", "Send gate verdicts.", ("workspace", "verdict")),
+        sends=counter(
+            "outloop_sends",
+            "Send outcomes by ledger state and channel.",
+            ("workspace", "state", "channel"),
+        ),
+        send_seconds=histogram("outloop_send_duration_seconds", "Time to send once.", ("channel",)),
+        read_backs=counter("outloop_read_backs", "Read-backs by result.", ("workspace", "result")),
+        read_back_seconds=histogram(
+            "outloop_read_back_duration_seconds", "Time to read a sent copy back.", ()
+        ),
+        access_steps=counter(
+            "outloop_access_steps",
+            "Channel steps: passed over, fallback, refused.",
+            ("channel", "outcome"),
+        ),
+        access_fallbacks=counter(
+            "outloop_access_fallbacks", "Moves to another permitted channel.", ("channel",)
+        ),
+        logins=counter("outloop_logins", "Managed logins by outcome.", ("workspace", "outcome")),
+        lease_changes=counter(
+            "outloop_dispatcher_lease_changes",
+            "A dispatcher's role changes.",
+            ("workspace", "role"),
+        ),
+        task_transitions=counter(
+            "outloop_task_transitions", "Tasks moved by a person or host.", ("workspace", "state")
+        ),
+    )
+
+
+def _count(m: Meters, event: str, f: Fields) -> None:
+    """Move the metrics a decision record moves."""
+    ws = _label(f, "workspace_id")
+    seconds = f.get("duration_seconds")
+    if event == Event.SCAN:
+        m.items_scanned.labels(ws, _label(f, "channel")).inc(float(f.get("scanned") or 0))
+    elif event == Event.CLAIM:
+        m.claims.labels(ws, _label(f, "outcome")).inc()
+        if isinstance(seconds, float):
+            m.claim_seconds.observe(seconds)
+    elif event == Event.DISPOSITION:
+        m.dispositions.labels(ws, _label(f, "disposition")).inc()
+    elif event == Event.RECONCILIATION:
+        clean = f.get("clean") is True
+        m.reconciliations.labels(ws, "true" if clean else "false").inc()
+        if not clean:
+            m.reconciliation_failures.labels(ws).inc()
+    else:
+        _count_outbound(m, event, f, ws, seconds)
+
+
+def _count_outbound(m: Meters, event: str, f: Fields, ws: str, seconds: events.Field) -> None:
+    if event == Event.GATE:
+        m.gate_checks.labels(ws, _label(f, "verdict")).inc()
+    elif event == Event.SEND:
+        m.sends.labels(ws, _label(f, "state"), _label(f, "channel")).inc()
+        if isinstance(seconds, float):
+            m.send_seconds.labels(_label(f, "channel")).observe(seconds)
+    elif event == Event.READ_BACK:
+        m.read_backs.labels(ws, _label(f, "result")).inc()
+        if isinstance(seconds, float):
+            m.read_back_seconds.observe(seconds)
+    elif event == Event.ACCESS:
+        m.access_steps.labels(_label(f, "channel"), _label(f, "outcome")).inc()
+        if f.get("outcome") == "fallback":
+            m.access_fallbacks.labels(_label(f, "channel")).inc()
+    elif event == Event.LOGIN:
+        m.logins.labels(ws, _label(f, "outcome")).inc()
+    elif event == Event.LEASE:
+        m.lease_changes.labels(ws, _label(f, "role")).inc()
+    elif event == Event.TASK:
+        m.task_transitions.labels(ws, _label(f, "state")).inc()
+
+
+class Counting(logging.Handler):
+    """Counts every decision record into this process's meters."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.meters = meters()
+
+    def emit(self, record: logging.LogRecord) -> None:
+        found = events.of(record)
+        if found is not None:
+            _count(self.meters, found[0], found[1])
+
+    def handle(self, record: logging.LogRecord) -> bool:
+        # No lock: the metrics have their own, and a record holds nothing to format.
+        self.emit(record)
+        return True
+
+
+def count_decisions() -> Counting:
+    """Start counting this process's decision records (once; the handler is returned)."""
+    logger = logging.getLogger(events.ROOT)
+    for handler in logger.handlers:
+        if isinstance(handler, Counting):
+            return handler
+    handler = Counting()
+    logger.addHandler(handler)
+    if logger.getEffectiveLevel() > logging.INFO:
+        logger.setLevel(logging.INFO)
+    return handler
+
+
+# -- what the store says at scrape time --------------------------------------------------------
+
+
+class StationGauges(Collector):
+    """The station's gauges, read from the store when scraped (``read`` returns None when
+    the store does not answer; ``outloop_store_up`` says so)."""
+
+    def __init__(
+        self,
+        read: Callable[[], list[WorkspaceStatus] | None],
+        roles: Callable[[], Mapping[str, str]] = dict,
+    ) -> None:
+        self._read = read
+        self._roles = roles
+
+    def collect(self) -> Iterable[Metric]:
+        statuses = self._read()
+        up = GaugeMetricFamily("outloop_store_up", "1 when the store answered this scrape.")
+        up.add_metric([], 0.0 if statuses is None else 1.0)
+        yield up
+        yield from _dispatcher_roles(self._roles())
+        if statuses is not None:
+            yield from workspace_gauges(statuses, datetime.now(UTC))
+
+
+def _dispatcher_roles(roles: Mapping[str, str]) -> Iterable[Metric]:
+    if not roles:
+        return
+    family = GaugeMetricFamily(
+        "outloop_dispatcher_role",
+        "This dispatcher's role per workspace (1 for the role it has now).",
+        labels=["workspace", "role"],
+    )
+    for workspace, role in sorted(roles.items()):
+        family.add_metric([workspace, role], 1.0)
+    yield family
+
+
+def workspace_gauges(statuses: list[WorkspaceStatus], now: datetime) -> Iterable[Metric]:
+    """The gauges of every workspace's status."""
+    families = {
+        "open": GaugeMetricFamily(
+            "outloop_open_tasks", "Non-terminal tasks by state.", labels=["workspace", "state"]
+        ),
+        "unsettled": GaugeMetricFamily(
+            "outloop_unsettled_sends",
+            "Sends whose outcome is not known (UNCERTAIN) or waits on a person (WITH_PERSON).",
+            labels=["workspace", "state"],
+        ),
+        "age": GaugeMetricFamily(
+            "outloop_last_clean_run_age_seconds",
+            "Seconds since the workspace's last clean run.",
+            labels=["workspace"],
+        ),
+        "clean": GaugeMetricFamily(
+            "outloop_last_clean_run_timestamp_seconds",
+            "When the workspace's last clean run was reconciled (0: never).",
+            labels=["workspace"],
+        ),
+        "every": GaugeMetricFamily(
+            "outloop_schedule_interval_seconds",
+            "Seconds between the workspace's scheduled runs.",
+            labels=["workspace"],
+        ),
+        "challenges": GaugeMetricFamily(
+            "outloop_auth_challenges_unresolved",
+            "Sign-in challenges (AUTH_CHALLENGE_UNRESOLVED) a person has not resolved.",
+            labels=["workspace"],
+        ),
+    }
+    for s in statuses:
+        _add_workspace(families, s, now)
+    return families.values()
+
+
+def _add_workspace(
+    families: dict[str, GaugeMetricFamily], s: WorkspaceStatus, now: datetime
+) -> None:
+    ws = s.workspace_id
+    for state, count in sorted(s.open_tasks.items()):
+        families["open"].add_metric([ws, state], float(count))
+    for state in ("UNCERTAIN", "WITH_PERSON"):
+        families["unsettled"].add_metric([ws, state], float(s.unsettled_sends.get(state, 0)))
+    clean = s.last_clean_run_at
+    families["clean"].add_metric([ws], clean.timestamp() if clean else 0.0)
+    if clean is not None:
+        families["age"].add_metric([ws], max(0.0, (now - clean).total_seconds()))
+    if s.schedule_interval_seconds is not None:
+        families["every"].add_metric([ws], s.schedule_interval_seconds)
+    families["challenges"].add_metric([ws], float(s.unresolved_challenges))
+
+
+class _Own(Collector):
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self._registry = registry
+
+    def collect(self) -> Iterable[Metric]:
+        return self._registry.collect()
+
+
+def exposition(*extra: Collector) -> bytes:
+    """The text ``/metrics`` answers: this process's counters (or, with a shared directory,
+    every process's sums), then ``extra`` collectors."""
+    registry = CollectorRegistry()
+    shared = multiprocess_dir()
+    if shared:
+        MultiProcessCollector(registry, path=shared)
+    else:
+        registry.register(_Own(meters().registry))
+    for collector in extra:
+        registry.register(collector)
+    return generate_latest(registry)
