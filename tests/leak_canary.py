@@ -12,6 +12,12 @@ stores it) or the scan would pass without looking where the canary lies.
 A finding, or a file the scan cannot read, fails the session: exit status 1 and a "leak
 canary" section saying where and in which form, never the canary itself.
 
+The session's decision records (``agent.events``) and the metric labels they move are
+watched too (``DecisionWatch``): every field is one a record may carry, every text value is
+an id or a code (printable ASCII, no spaces: no subject, body or display name fits), none
+holds the canary, and none holds a text the tests forbid (``forbid``: the red-team corpus'
+hostile instructions, and the subjects, bodies and display names the MCP tests deliver).
+
 Tests reach the planted secret only as an adapter would: ``canary_credentials`` is a
 read-only ``Credentials`` holding it at ``canary_ref``.
 """
@@ -20,16 +26,20 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
+from agent import events
 from agent.domain.secrets import CredentialRef, Secret
 from agent.ports import Credentials
 from agent.testing.leaks import Canary, Finding, ScanReport, scan_file, scan_text, scan_tree
 from managed_login.vault import KeyringVault, open_vault
+from mcp_server.observability import metrics
 
 PLUGIN_NAME = "leak-canary"
 CANARY_REF = CredentialRef(
@@ -122,6 +132,63 @@ class ScanningHandler(logging.Handler):
         self.watch.check(where, text)
 
 
+FORBIDDEN: set[str] = set()
+"""Texts no decision record or metric label may hold (see ``forbid``)."""
+_CODE = re.compile(r"[\x21-\x7e]*")
+
+
+def forbid(*texts: str) -> None:
+    """Texts from mail (subjects, bodies, display names, hostile instructions) that no
+    decision record or metric label of the session may hold."""
+    FORBIDDEN.update(t for t in texts if len(t.strip()) >= 4)
+
+
+class DecisionWatch(logging.Handler):
+    """Every decision record and (at the end) every metric label of the session."""
+
+    def __init__(self, watch: LeakWatch) -> None:
+        super().__init__(logging.DEBUG)
+        self.watch = watch
+        self.records = 0
+        self.problems: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        found = events.of(record)
+        if found is None:
+            return
+        self.records += 1
+        event, fields = found
+        where = f"a {event} record in {self.watch.during}"
+        unknown = set(fields) - events.FIELDS
+        if unknown:
+            self.problems.append(f"{where}: fields outside agent.events.FIELDS {sorted(unknown)}")
+        for name, value in fields.items():
+            self.check_value(f"{where}, field {name}", value)
+        self.check_value(f"{where}, its message", record.getMessage(), code=False)
+
+    def check_value(self, where: str, value: object, *, code: bool = True) -> None:
+        if value is None or isinstance(value, (bool, int, float)):
+            return
+        text = str(value)
+        if code and not _CODE.fullmatch(text):
+            self.problems.append(f"{where}: {text[:80]!r} is not an id or a code")
+        self.watch.check(where, text)
+        hits = [f for f in FORBIDDEN if f in text]
+        if hits:
+            self.problems.append(f"{where}: holds the forbidden text {hits[0][:60]!r}")
+
+    def check_labels(self) -> int:
+        """Every label value the session's metrics carry; how many were checked."""
+        checked = 0
+        exposed = metrics.exposition().decode()
+        for family in text_string_to_metric_families(exposed):
+            for sample in family.samples:
+                for name, value in sample.labels.items():
+                    checked += 1
+                    self.check_value(f"metric {sample.name} label {name}", value)
+        return checked
+
+
 class LeakCanary:
     """The plugin: plants the canary, watches the session, scans basetemp at its end."""
 
@@ -131,6 +198,8 @@ class LeakCanary:
         self.watch = LeakWatch(Canary.plant(), vault)
         vault.set_secret(CANARY_REF, Secret(self.watch.canary.value))
         self.handler = ScanningHandler(self.watch)
+        self.decisions = DecisionWatch(self.watch)
+        self.labels = 0
         self.root_level = logging.getLogger().level
         self.problems: list[str] | None = None
 
@@ -138,6 +207,8 @@ class LeakCanary:
         root = logging.getLogger()
         root.addHandler(self.handler)
         root.setLevel(logging.DEBUG)
+        logging.getLogger(events.ROOT).addHandler(self.decisions)
+        metrics.count_decisions()  # the session's metrics: their labels are checked at its end
         for name in CHATTY:  # their debug records trace parsing steps and carry no mail data
             logging.getLogger(name).setLevel(logging.INFO)
 
@@ -145,6 +216,7 @@ class LeakCanary:
         root = logging.getLogger()
         root.removeHandler(self.handler)
         root.setLevel(self.root_level)
+        logging.getLogger(events.ROOT).removeHandler(self.decisions)
         for name in CHATTY:
             logging.getLogger(name).setLevel(logging.NOTSET)
 
@@ -167,7 +239,8 @@ class LeakCanary:
         self.stop()
         self.watch.during = "the session's end"
         report = self.scan()
-        self.problems = report.lines()
+        self.labels = self.decisions.check_labels()
+        self.problems = report.lines() + self.decisions.problems[:50]
         if self.problems and session.exitstatus == pytest.ExitCode.OK:
             session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
@@ -191,15 +264,16 @@ class LeakCanary:
         if self.problems:
             terminalreporter.section("leak canary", red=True)
             terminalreporter.write_line(
-                "the session's canary secret was found where it must not be (this fails "
-                "the session):"
+                "the session's canary secret, or text from mail, was found where it must not "
+                "be (this fails the session):"
             )
             for line in self.problems:
                 terminalreporter.write_line(f"  {line}")
         elif config.option.verbose > 0:
             terminalreporter.write_line(
                 f"leak canary: held by the vault's file only ({self.watch.texts} texts and "
-                f"every file under {self.basetemp} scanned)"
+                f"every file under {self.basetemp} scanned); {self.decisions.records} decision "
+                f"records and {self.labels} metric labels hold ids and codes only"
             )
 
 

@@ -161,7 +161,7 @@ async def send_once(
         provider,
         started,
         outcome.status.value,
-        outcome.record.state.value,
+        outcome.record.state.name,
         outcome.record.channel,
         intent.task_id,
     )

@@ -70,7 +70,7 @@ def of_workspace(store: StatusStore, workspace_id: str, now: datetime) -> Worksp
     runs = store.recent_runs(workspace_id, 50)
     reconciled = [r for r in runs if r.summary is not None]
     clean = [r for r in reconciled if r.summary is not None and r.summary.clean]
-    sends = Counter(s.state.value for s in store.list_sends(workspace_id) if s.state in UNSETTLED)
+    sends = Counter(s.state.name for s in store.list_sends(workspace_id) if s.state in UNSETTLED)
     waiting = [c for c in challenges.listed(store, workspace_id) if c.open]
     status = WorkspaceStatus(
         workspace_id=workspace_id,

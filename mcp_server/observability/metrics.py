@@ -22,7 +22,7 @@ from datetime import UTC, datetime
 from functools import cache
 from typing import Final
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest, values
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.registry import Collector
@@ -76,6 +76,10 @@ def meters() -> Meters:
     """This process's meters, made once (in the shared directory when one is set)."""
     registry = CollectorRegistry()
     own = None if multiprocess_dir() else registry
+    if multiprocess_dir() and values.ValueClass is values.MutexValue:
+        # The client chose its value class when it was imported, before this process was
+        # given the directory (a worker forked from a parent that imported it): choose again.
+        values.ValueClass = values.get_value_class()
 
     def counter(name: str, doc: str, labels: Iterable[str]) -> Counter:
         return Counter(name, doc, list(labels), registry=own)

@@ -15,6 +15,7 @@ from mcp import Client
 from mcp.shared.exceptions import MCPError
 
 from agent.testing import FrozenClock
+from tests.leak_canary import forbid
 from tests.mcp.conftest import (
     CLIENT,
     OperatorStation,
@@ -34,6 +35,7 @@ INJECTION = (
 
 REQUEST_BODY = "Could you send me a quote for the Q4 licences?"
 DRAFT_BODY = "Here is the quote: 120 USD."
+forbid(INJECTION, REQUEST_BODY, DRAFT_BODY)  # never in a log record or metric label
 
 
 # -- what the station holds --------------------------------------------------------------------

@@ -32,6 +32,7 @@ from mcp_server.composition import Settings
 from mcp_server.runtime import REFUSED
 from mcp_server.server import build_server
 from tests.conftest import context_yaml
+from tests.leak_canary import forbid
 
 # The shared helper modules' asserts report what they compared, as a test's own do.
 pytest.register_assert_rewrite("tests.mcp.attacks", "tests.mcp.hooked")
@@ -165,6 +166,7 @@ class OperatorStation:
     ) -> str:
         """Deliver one message from ``sender`` to the mailbox (``deliver_raw``); returns its
         Message-ID."""
+        forbid(subject, body, sender_name)  # mail text: never in a log record or metric label
         msg = EmailMessage(policy=DELIVERY)
         msg["From"] = f"{sender_name} <{sender}>" if sender_name else sender
         msg["To"] = MAILBOX

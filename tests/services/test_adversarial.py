@@ -43,6 +43,7 @@ from agent.services import approvals, gate_check, intake, workspaces
 from agent.storage.sqlite import SqliteStore
 from agent.testing import FrozenClock
 from tests.conftest import REPORTED, context_yaml
+from tests.leak_canary import forbid
 
 pytestmark = pytest.mark.anyio
 
@@ -133,6 +134,16 @@ TRICK_SENDERS = {
     "approver": (APPROVER, "Noa Bar"),
     "invisible": ("noa.bar@fab\u00adrikam.test", "Noa\u200b Bar"),
 }
+
+
+# The red-team corpus: no decision record or metric label may hold any of it.
+forbid(
+    *(text for texts in INSTRUCTIONS.values() for text in texts),
+    *RETRACTIONS,
+    *(name for _, name in SENDERS.values()),
+    ATTACKER,
+    "ws-attacker-9999",
+)
 
 
 @dataclass(frozen=True)
