@@ -114,7 +114,12 @@ def emit(event: Event, /, *, level: int = logging.INFO, **fields: Field) -> None
     unknown = fields.keys() - FIELDS
     if unknown:
         raise UnknownField(f"{event.value} records carry no {', '.join(sorted(unknown))}")
-    logger.log(level, Line(event, fields), extra={"outloop": fields, "outloop_event": event.value})
+    # Made here, without the caller's frame looked up: a record's place is its event.
+    record = logger.makeRecord(
+        logger.name, level, "", 0, Line(event, fields), (), None,
+        extra={"outloop": fields, "outloop_event": event.value},
+    )  # fmt: skip
+    logger.handle(record)
 
 
 def of(record: logging.LogRecord) -> tuple[str, Fields] | None:

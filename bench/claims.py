@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import random
 import sqlite3
@@ -40,6 +41,7 @@ import anyio
 import psycopg
 from psycopg import sql as pg_sql
 
+from agent import events
 from agent.domain.context import MailboxBinding
 from agent.domain.dispositions import Disposition
 from agent.domain.envelope import occurrence_key
@@ -93,15 +95,30 @@ class ClaimTimer:
         now: datetime,
         *,
         seen: tuple[ExecutionRecord | None] | None = None,
+        workspace_id: str = "",
     ) -> ClaimResult:
         started = time.perf_counter()
         try:
-            return self._claim_occurrence(store, request, make_draft, now, seen=seen)
+            return self._claim_occurrence(
+                store, request, make_draft, now, seen=seen, workspace_id=workspace_id
+            )
         except StoreError:
             self.busy_errors += 1
             raise
         finally:
             self.latencies.append(time.perf_counter() - started)
+
+
+class _Tally(logging.Handler):
+    """Counts the decision records this worker made (none unless something listens)."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.count = 0
+
+    def handle(self, record: logging.LogRecord) -> bool:
+        self.count += 1
+        return True
 
 
 def _open(url: str | None, data_dir: workspaces.DataDir) -> EmbeddedStore:
@@ -138,6 +155,8 @@ def _claims_worker(args: argparse.Namespace) -> dict[str, Any]:
         del workspace_id, binding
         return box
 
+    tally = _Tally()
+    logging.getLogger(events.ROOT).addHandler(tally)
     _ready_then_wait_for_go()
     started = time.perf_counter()
     wall_start = time.time()
@@ -176,6 +195,7 @@ def _claims_worker(args: argparse.Namespace) -> dict[str, Any]:
         "cpu_s": cpu,
         "clean": clean,
         "scanned": scanned,
+        "decision_records": tally.count,
     }
 
 
@@ -214,6 +234,7 @@ def _claim_all(store: EmbeddedStore, box: InMemoryProvider) -> list[str]:
             lambda: claim.task_draft(context, envelope, key, owner, now),  # noqa: B023 - called at once
             now,
             seen=lookahead.seen(index),
+            workspace_id=WORKSPACE_ID,
         )
         outcomes.append(result.outcome.value)
         if result.outcome is not ClaimOutcome.CLAIMED:
@@ -255,11 +276,13 @@ def _pg_insert_worker(args: argparse.Namespace) -> dict[str, Any]:
     return {"start": start, "end": end, "attempts": args.items}
 
 
-def _spawn(role: str, count: int, extra: list[str], url: str | None) -> list[dict[str, Any]]:
+def _spawn(
+    role: str, count: int, extra: list[str], url: str | None, module: str = "bench.claims"
+) -> list[dict[str, Any]]:
     """Start ``count`` workers, release them together once all are set up, and collect
     their JSON results; then let them exit. A PostgreSQL URL reaches them through their
     environment, never their command line (which any user of the machine can read)."""
-    procs = _start_workers(role, count, extra, url)
+    procs = _start_workers(role, count, extra, url, module)
     results: list[dict[str, Any]] = []
     try:
         _wait_until_ready(role, procs)
@@ -274,7 +297,7 @@ def _spawn(role: str, count: int, extra: list[str], url: str | None) -> list[dic
 
 
 def _start_workers(
-    role: str, count: int, extra: list[str], url: str | None
+    role: str, count: int, extra: list[str], url: str | None, module: str
 ) -> list[subprocess.Popen[str]]:
     """The worker processes, the database URL in their environment only."""
     env = {k: v for k, v in os.environ.items() if k != DATABASE_URL_SETTING}
@@ -282,7 +305,7 @@ def _start_workers(
         env[DATABASE_URL_SETTING] = url
     return [
         subprocess.Popen(
-            [sys.executable, "-m", "bench.claims", role, "--seed", str(i), *extra],
+            [sys.executable, "-m", module, role, "--seed", str(i), *extra],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             text=True,
@@ -357,21 +380,87 @@ def run(
     per_thread: int = 4,
     mode: str = "claim",
     progress: Callable[[str], None] = lambda _line: None,
+    metrics_rounds: int = 0,
+    counting_worker: str = "",
 ) -> dict[str, Any]:
-    """Run the benchmark in ``scratch`` (a fresh directory) and return its figures."""
+    """Run the benchmark in ``scratch`` (a fresh directory) and return its figures;
+    ``metrics_rounds``: also race that many times with metrics off and on, alternately, the
+    workers with metrics on run as the module ``counting_worker`` (the command line's,
+    which counts decision records as a server does, then runs this module's worker)."""
+    plan = (metrics_rounds, per_thread, counting_worker)
     if backend not in BACKENDS:
         raise ValueError(f"backend {backend!r} is not one of {', '.join(BACKENDS)}")
     if mode not in MODES:
         raise ValueError(f"mode {mode!r} is not one of {', '.join(MODES)}")
     scratch.mkdir(parents=True, exist_ok=True)
     if backend == "sqlite":
-        return _run(scratch, None, workers, items, per_thread, mode, progress)
+        return _with_metrics(
+            _run(scratch, None, workers, items, per_thread, mode, progress),
+            scratch, None, plan, progress,
+        )  # fmt: skip
     if url:
         with fresh_schema(url) as scoped:
-            return _run(scratch, scoped, workers, items, per_thread, mode, progress)
+            result = _run(scratch, scoped, workers, items, per_thread, mode, progress)
+            return _with_metrics(result, scratch, scoped, plan, progress)
     progress("starting a throwaway PostgreSQL cluster on 127.0.0.1")
     with ThrowawayCluster(max_connections=2 * workers + 20) as cluster:
-        return _run(scratch, cluster.url, workers, items, per_thread, mode, progress)
+        result = _run(scratch, cluster.url, workers, items, per_thread, mode, progress)
+        return _with_metrics(result, scratch, cluster.url, plan, progress)
+
+
+def _with_metrics(
+    result: dict[str, Any],
+    scratch: Path,
+    url: str | None,
+    plan: tuple[int, int, str],
+    progress: Callable[[str], None],
+) -> dict[str, Any]:
+    """The figures, with the cost of counting every decision record (``rounds`` races with
+    metrics off and on, alternately, each on a fresh station; the best rate of each)."""
+    rounds, per_thread, counting = plan
+    if rounds < 1:
+        return result
+    if not counting:
+        raise ValueError("metrics rounds need the counting worker module")
+    rates: dict[bool, list[float]] = {False: [], True: []}
+    records = {False: 0, True: 0}
+    shape = (result["workers"], result["items"], result["mode"])
+    for round_no in range(rounds):
+        for on in (False, True):
+            progress(f"metrics {'on' if on else 'off'}: round {round_no + 1} of {rounds}")
+            where = scratch / f"metrics-{round_no}-{'on' if on else 'off'}"
+            data_dir = workspaces.DataDir(where / "station")
+            where.mkdir(parents=True)
+            _register_workspace(where, _scoped(url, where), data_dir)
+            module = counting if on else "bench.claims"
+            raced = _race(
+                data_dir, _scoped(url, where), *shape[:2], per_thread, shape[2], module=module
+            )
+            rates[on].append(_rate(raced)[0])
+            records[on] += sum(int(r["decision_records"]) for r in raced)
+    off, on = max(rates[False]), max(rates[True])
+    result["metrics"] = {
+        "rounds": rounds,
+        "off_per_s": round(off, 1),
+        "on_per_s": round(on, 1),
+        "ratio": round(on / off, 3),
+        # Records made by the workers with metrics on (every claim's, counted), and off
+        # (none: nothing listens, so none is made).
+        "records_on": records[True],
+        "records_off": records[False],
+    }
+    return result
+
+
+def _scoped(url: str | None, where: Path) -> str | None:
+    """A fresh schema's URL of each metrics round on PostgreSQL (its own occurrences)."""
+    if url is None:
+        return None
+    schema = f"bench_{uuid.uuid5(uuid.NAMESPACE_URL, str(where)).hex[:12]}"
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(pg_sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(pg_sql.Identifier(schema)))
+    separator = "&" if "?" in url else "?"
+    return f"{url}{separator}options=-csearch_path%3D{schema}"
 
 
 @contextmanager
@@ -473,11 +562,14 @@ def _race(
     items: int,
     per_thread: int,
     mode: str,
+    *,
+    module: str = "bench.claims",
 ) -> list[dict[str, Any]]:
-    """The product raced: every worker goes over the same occurrences in its own order."""
+    """The product raced: every worker goes over the same occurrences in its own order
+    (each run as ``module``)."""
     args = ["--dir", str(data_dir.root), "--items", str(items)]
     args += ["--per-thread", str(per_thread), "--mode", mode]
-    return _spawn("claims", workers, args, url)
+    return _spawn("claims", workers, args, url, module)
 
 
 def _register_workspace(scratch: Path, url: str | None, data_dir: workspaces.DataDir) -> None:

@@ -465,6 +465,19 @@ def test_bench_claims_json_reports_no_duplicates_and_no_losses(cli: Cli, tmp_pat
     assert result["lost"] == 0
 
 
+def test_bench_claims_measures_metrics_on_against_off_in_the_same_run(
+    cli: Cli, tmp_path: Path
+) -> None:
+    done = cli("bench", "claims", "--workers", "2", "--items", "100", "--metrics-rounds", "1",
+               "--json", "--data-dir", tmp_path / "bench", timeout=BENCH_TIMEOUT)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    figures = json.loads(done.stdout.splitlines()[-1])["metrics"]
+    assert figures["rounds"] == 1 and figures["off_per_s"] > 0 and figures["on_per_s"] > 0
+    assert figures["ratio"] == pytest.approx(figures["on_per_s"] / figures["off_per_s"], abs=0.002)
+    # With metrics on every claim attempt of both workers made its record; off, none was made.
+    assert (figures["records_on"], figures["records_off"]) == (200, 0)
+
+
 def test_bench_claims_can_run_twice_in_the_same_data_dir(cli: Cli, tmp_path: Path) -> None:
     root = tmp_path / "bench"
     for _ in range(2):

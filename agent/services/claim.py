@@ -4,6 +4,7 @@ the one task of its verified thread - in the same transaction."""
 from __future__ import annotations
 
 import importlib.metadata
+import time
 from collections.abc import Callable, Sequence
 from datetime import datetime
 from functools import cache
@@ -13,6 +14,7 @@ from agent.domain.envelope import Envelope, work_key
 from agent.domain.execution import ExecutionRecord, contest
 from agent.domain.records import ClaimRequest, ClaimResult, EscalationDraft, TaskDraft
 from agent.domain.task import MessageRef, NextAction, new_task_id, normalize_subject
+from agent.events import Event, emit
 from agent.ports import Claims
 from agent.services.holder import holder_alive
 
@@ -98,6 +100,7 @@ def claim_occurrence(
     now: datetime,
     *,
     seen: tuple[ExecutionRecord | None] | None = None,
+    workspace_id: str = "",
 ) -> ClaimResult:
     """Claim; the outcome is CLAIMED, EXECUTION_ALREADY_CLAIMED or EXECUTION_ALREADY_DONE.
 
@@ -108,7 +111,29 @@ def claim_occurrence(
     never builds its task draft. Only the store's insert can win a claim. The caller records
     a lost claim's claim-race disposition in the run ledger. ``seen`` is the record a
     Lookahead read just before (``(None,)``: none existed); without it, it is read now.
+    The outcome is a decision record of ``workspace_id`` (the scope claiming).
     """
+    started = time.perf_counter()
+    result = _claimed(store, request, make_draft, now, seen)
+    emit(
+        Event.CLAIM,
+        workspace_id=workspace_id or None,
+        run_id=request.run_id,
+        item_ref=request.item_ref,
+        outcome=result.outcome.value,
+        task_id=result.task.task_id if result.task is not None else None,
+        duration_seconds=round(time.perf_counter() - started, 6),
+    )
+    return result
+
+
+def _claimed(
+    store: Claims,
+    request: ClaimRequest,
+    make_draft: Callable[[], TaskDraft | EscalationDraft],
+    now: datetime,
+    seen: tuple[ExecutionRecord | None] | None,
+) -> ClaimResult:
     known = store.get_execution(request.key) if seen is None else seen[0]
     if known is not None:
         outcome = contest(known, now, holder_alive)

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import logging
 import re
-import time
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
@@ -514,7 +513,6 @@ async def claim_item(run: Scan, index: int, clock: Clock) -> ItemOutcome | None:
     is in ``item_errors`` and the station health record)."""
     store = run.store
     plan = run.planned[index]
-    started = time.perf_counter()
     if run.owns_run:
         run.renewed_at = _renew(store, run.run_id, run.holder, clock, run.renewed_at)
     request = ClaimRequest(
@@ -562,7 +560,7 @@ async def claim_item(run: Scan, index: int, clock: Clock) -> ItemOutcome | None:
         run.result.item_errors.append(f"{plan.ref}: {type(exc).__name__}: {exc}")
         return None
     run.result.items.append(outcome)
-    _record_decision(run, outcome, time.perf_counter() - started)
+    _record_decision(run, outcome)
     if outcome.claim is not None and outcome.claim is not ClaimOutcome.CLAIMED:
         run.race.append((outcome.item_ref, outcome.disposition, outcome.detail))
         if len(run.race) >= RACE_BATCH:
@@ -570,23 +568,12 @@ async def claim_item(run: Scan, index: int, clock: Clock) -> ItemOutcome | None:
     return outcome
 
 
-def _record_decision(run: Scan, outcome: ItemOutcome, seconds: float) -> None:
-    """The item's claim (when it was claimed) and its disposition, as decision records."""
-    workspace_id, run_id = run.result.workspace_id, run.run_id
-    if outcome.claim is not None:
-        emit(
-            Event.CLAIM,
-            workspace_id=workspace_id,
-            run_id=run_id,
-            item_ref=outcome.item_ref,
-            outcome=outcome.claim.value,
-            task_id=outcome.task_id,
-            duration_seconds=round(seconds, 6),
-        )
+def _record_decision(run: Scan, outcome: ItemOutcome) -> None:
+    """The item's disposition, as a decision record (its claim recorded itself)."""
     emit(
         Event.DISPOSITION,
-        workspace_id=workspace_id,
-        run_id=run_id,
+        workspace_id=run.result.workspace_id,
+        run_id=run.run_id,
         item_ref=outcome.item_ref,
         disposition=outcome.disposition.value,
         task_id=outcome.task_id,
@@ -741,6 +728,7 @@ async def _handle(
         lambda: claim.task_draft(context, envelope, request.key, classify.work_owner(context), now),
         now,
         seen=seen,
+        workspace_id=context.workspace_id,
     )
     if claimed.outcome is not ClaimOutcome.CLAIMED:
         return ItemOutcome(
@@ -806,7 +794,9 @@ def _escalate(
         mailbox_id=plan.mailbox.mailbox_id,
         item_ref=plan.ref,
     )
-    claimed = claim.claim_occurrence(store, request, lambda: draft, now, seen=seen)
+    claimed = claim.claim_occurrence(
+        store, request, lambda: draft, now, seen=seen, workspace_id=plan.owner
+    )
     if claimed.outcome is not ClaimOutcome.CLAIMED:
         return ItemOutcome(
             request.item_ref, claimed.outcome.disposition(), claimed.outcome, None, False, ""

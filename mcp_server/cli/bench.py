@@ -84,6 +84,14 @@ def bench() -> None:
 @number_option(
     "--per-thread", click.IntRange(min=1), 4, "Messages per thread (one task per thread)."
 )
+@number_option(
+    "--metrics-rounds",
+    click.IntRange(min=0, max=10),
+    0,
+    "Also race this many times with metrics off and on (each worker counting its decision "
+    "records, as a server with --metrics-port does), alternately: 'metrics' in the output "
+    "holds both rates and their ratio.",
+)
 @bench_output_options
 def bench_claims(
     backend: str,
@@ -92,6 +100,7 @@ def bench_claims(
     items: int,
     mode: str,
     per_thread: int,
+    metrics_rounds: int,
     as_json: bool,
     data_dir: Path | None,
 ) -> None:
@@ -108,6 +117,8 @@ def bench_claims(
         per_thread=per_thread,
         mode=mode,
         progress=lambda line: click.echo(line, err=True),
+        metrics_rounds=metrics_rounds,
+        counting_worker="mcp_server.cli.bench_counting",
     )
     echo_result(result, as_json, 22)
 

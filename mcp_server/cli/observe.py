@@ -48,6 +48,8 @@ def logs_at(default_level: str) -> Callable[[F], F]:
         @functools.wraps(func)
         def wrapper(*args: Any, log_format: str, log_level: str, **kwargs: Any) -> Any:
             logs.configure(log_format, log_level, decisions=_counting(kwargs))
+            if metrics.multiprocess_dir() is not None:
+                metrics.count_decisions()  # the host's processes share their counters
             return func(*args, **kwargs)
 
         return wrapper  # type: ignore[return-value]

@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from functools import cache
-from typing import Final
+from typing import Any, Final
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest, values
 from prometheus_client.core import GaugeMetricFamily, Metric
@@ -41,6 +41,18 @@ Fields = Mapping[str, events.Field]
 def _label(fields: Fields, name: str) -> str:
     value = fields.get(name)
     return "" if value is None else str(value)
+
+
+_CHILDREN: dict[tuple[int, tuple[str, ...]], Any] = {}
+"""Each metric's child per label values, looked up once (a record moves several)."""
+
+
+def _child(metric: Counter | Histogram, *labels: str) -> Any:
+    key = (id(metric), labels)
+    child = _CHILDREN.get(key)
+    if child is None:
+        child = _CHILDREN[key] = metric.labels(*labels) if labels else metric
+    return child
 
 
 @dataclass(frozen=True)
@@ -71,6 +83,56 @@ def multiprocess_dir() -> str | None:
     return os.environ.get(MULTIPROC_ENV) or None
 
 
+COUNTERS: Final = {
+    "items_scanned": (
+        "outloop_items_scanned", "Mail items read for runs.", ("workspace", "channel"),
+    ),
+    "claims": ("outloop_claims", "Occurrence claims by outcome.", ("workspace", "outcome")),
+    "dispositions": (
+        "outloop_dispositions", "Scanned items' dispositions.", ("workspace", "disposition"),
+    ),
+    "reconciliations": (
+        "outloop_reconciliations", "Runs reconciled, clean or not.", ("workspace", "clean"),
+    ),
+    "reconciliation_failures": (
+        "outloop_reconciliation_failures",
+        "Runs whose reconciliation failed (RECONCILIATION_FAILED).",
+        ("workspace",),
+    ),
+    "gate_checks": ("outloop_gate_checks", "Send gate verdicts.", ("workspace", "verdict")),
+    "sends": (
+        "outloop_sends", "Send outcomes by ledger state and channel.",
+        ("workspace", "state", "channel"),
+    ),
+    "read_backs": ("outloop_read_backs", "Read-backs by result.", ("workspace", "result")),
+    "access_steps": (
+        "outloop_access_steps", "Channel steps: passed over, fallback, refused.",
+        ("channel", "outcome"),
+    ),
+    "access_fallbacks": (
+        "outloop_access_fallbacks", "Moves to another permitted channel.", ("channel",),
+    ),
+    "logins": ("outloop_logins", "Managed logins by outcome.", ("workspace", "outcome")),
+    "lease_changes": (
+        "outloop_dispatcher_lease_changes", "A dispatcher's role changes.", ("workspace", "role"),
+    ),
+    "task_transitions": (
+        "outloop_task_transitions", "Tasks moved by a person or host.", ("workspace", "state"),
+    ),
+}  # fmt: skip
+"""Each counter: its name (``_total`` is added), help and labels."""
+
+HISTOGRAMS: Final = {
+    "claim_seconds": (
+        "outloop_claim_duration_seconds", "Time to claim an occurrence (and write its task).", (),
+    ),
+    "send_seconds": ("outloop_send_duration_seconds", "Time to send once.", ("channel",)),
+    "read_back_seconds": (
+        "outloop_read_back_duration_seconds", "Time to read a sent copy back.", (),
+    ),
+}  # fmt: skip
+
+
 @cache
 def meters() -> Meters:
     """This process's meters, made once (in the shared directory when one is set)."""
@@ -80,62 +142,13 @@ def meters() -> Meters:
         # The client chose its value class when it was imported, before this process was
         # given the directory (a worker forked from a parent that imported it): choose again.
         values.ValueClass = values.get_value_class()
-
-    def counter(name: str, doc: str, labels: Iterable[str]) -> Counter:
-        return Counter(name, doc, list(labels), registry=own)
-
-    def histogram(name: str, doc: str, labels: Iterable[str]) -> Histogram:
-        return Histogram(name, doc, list(labels), registry=own, buckets=LATENCY_BUCKETS)
-
-    return Meters(
-        registry=registry,
-        items_scanned=counter(
-            "outloop_items_scanned", "Mail items read for runs.", ("workspace", "channel")
-        ),
-        claims=counter("outloop_claims", "Occurrence claims by outcome.", ("workspace", "outcome")),
-        claim_seconds=histogram(
-            "outloop_claim_duration_seconds", "Time to claim an item and write its task.", ()
-        ),
-        dispositions=counter(
-            "outloop_dispositions", "Scanned items' dispositions.", ("workspace", "disposition")
-        ),
-        reconciliations=counter(
-            "outloop_reconciliations", "Runs reconciled, clean or not.", ("workspace", "clean")
-        ),
-        reconciliation_failures=counter(
-            "outloop_reconciliation_failures",
-            "Runs whose reconciliation failed (RECONCILIATION_FAILED).",
-            ("workspace",),
-        ),
-        gate_checks=counter("outloop_gate_checks", "Send gate verdicts.", ("workspace", "verdict")),
-        sends=counter(
-            "outloop_sends",
-            "Send outcomes by ledger state and channel.",
-            ("workspace", "state", "channel"),
-        ),
-        send_seconds=histogram("outloop_send_duration_seconds", "Time to send once.", ("channel",)),
-        read_backs=counter("outloop_read_backs", "Read-backs by result.", ("workspace", "result")),
-        read_back_seconds=histogram(
-            "outloop_read_back_duration_seconds", "Time to read a sent copy back.", ()
-        ),
-        access_steps=counter(
-            "outloop_access_steps",
-            "Channel steps: passed over, fallback, refused.",
-            ("channel", "outcome"),
-        ),
-        access_fallbacks=counter(
-            "outloop_access_fallbacks", "Moves to another permitted channel.", ("channel",)
-        ),
-        logins=counter("outloop_logins", "Managed logins by outcome.", ("workspace", "outcome")),
-        lease_changes=counter(
-            "outloop_dispatcher_lease_changes",
-            "A dispatcher's role changes.",
-            ("workspace", "role"),
-        ),
-        task_transitions=counter(
-            "outloop_task_transitions", "Tasks moved by a person or host.", ("workspace", "state")
-        ),
-    )
+    made: dict[str, Counter | Histogram] = {
+        key: Counter(name, doc, list(labels), registry=own)
+        for key, (name, doc, labels) in COUNTERS.items()
+    }
+    for key, (name, doc, labels) in HISTOGRAMS.items():
+        made[key] = Histogram(name, doc, list(labels), registry=own, buckets=LATENCY_BUCKETS)
+    return Meters(registry=registry, **made)  # pyright: ignore[reportArgumentType]
 
 
 def _count(m: Meters, event: str, f: Fields) -> None:
@@ -143,43 +156,43 @@ def _count(m: Meters, event: str, f: Fields) -> None:
     ws = _label(f, "workspace_id")
     seconds = f.get("duration_seconds")
     if event == Event.SCAN:
-        m.items_scanned.labels(ws, _label(f, "channel")).inc(float(f.get("scanned") or 0))
+        _child(m.items_scanned, ws, _label(f, "channel")).inc(float(f.get("scanned") or 0))
     elif event == Event.CLAIM:
-        m.claims.labels(ws, _label(f, "outcome")).inc()
+        _child(m.claims, ws, _label(f, "outcome")).inc()
         if isinstance(seconds, float):
-            m.claim_seconds.observe(seconds)
+            _child(m.claim_seconds).observe(seconds)
     elif event == Event.DISPOSITION:
-        m.dispositions.labels(ws, _label(f, "disposition")).inc()
+        _child(m.dispositions, ws, _label(f, "disposition")).inc()
     elif event == Event.RECONCILIATION:
         clean = f.get("clean") is True
-        m.reconciliations.labels(ws, "true" if clean else "false").inc()
+        _child(m.reconciliations, ws, "true" if clean else "false").inc()
         if not clean:
-            m.reconciliation_failures.labels(ws).inc()
+            _child(m.reconciliation_failures, ws).inc()
     else:
         _count_outbound(m, event, f, ws, seconds)
 
 
 def _count_outbound(m: Meters, event: str, f: Fields, ws: str, seconds: events.Field) -> None:
     if event == Event.GATE:
-        m.gate_checks.labels(ws, _label(f, "verdict")).inc()
+        _child(m.gate_checks, ws, _label(f, "verdict")).inc()
     elif event == Event.SEND:
-        m.sends.labels(ws, _label(f, "state"), _label(f, "channel")).inc()
+        _child(m.sends, ws, _label(f, "state"), _label(f, "channel")).inc()
         if isinstance(seconds, float):
-            m.send_seconds.labels(_label(f, "channel")).observe(seconds)
+            _child(m.send_seconds, _label(f, "channel")).observe(seconds)
     elif event == Event.READ_BACK:
-        m.read_backs.labels(ws, _label(f, "result")).inc()
+        _child(m.read_backs, ws, _label(f, "result")).inc()
         if isinstance(seconds, float):
-            m.read_back_seconds.observe(seconds)
+            _child(m.read_back_seconds).observe(seconds)
     elif event == Event.ACCESS:
-        m.access_steps.labels(_label(f, "channel"), _label(f, "outcome")).inc()
+        _child(m.access_steps, _label(f, "channel"), _label(f, "outcome")).inc()
         if f.get("outcome") == "fallback":
-            m.access_fallbacks.labels(_label(f, "channel")).inc()
+            _child(m.access_fallbacks, _label(f, "channel")).inc()
     elif event == Event.LOGIN:
-        m.logins.labels(ws, _label(f, "outcome")).inc()
+        _child(m.logins, ws, _label(f, "outcome")).inc()
     elif event == Event.LEASE:
-        m.lease_changes.labels(ws, _label(f, "role")).inc()
+        _child(m.lease_changes, ws, _label(f, "role")).inc()
     elif event == Event.TASK:
-        m.task_transitions.labels(ws, _label(f, "state")).inc()
+        _child(m.task_transitions, ws, _label(f, "state")).inc()
 
 
 class Counting(logging.Handler):
