@@ -115,10 +115,9 @@ def emit(event: Event, /, *, level: int = logging.INFO, **fields: Field) -> None
     if unknown:
         raise UnknownField(f"{event.value} records carry no {', '.join(sorted(unknown))}")
     # Made here, without the caller's frame looked up: a record's place is its event.
-    record = logger.makeRecord(
-        logger.name, level, "", 0, Line(event, fields), (), None,
-        extra={"outloop": fields, "outloop_event": event.value},
-    )  # fmt: skip
+    record = logger.makeRecord(logger.name, level, "", 0, Line(event, fields), (), None)
+    record.outloop = fields
+    record.outloop_event = event.value
     logger.handle(record)
 
 

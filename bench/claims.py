@@ -21,6 +21,7 @@ With ``backend="postgres"`` and no URL the benchmark starts its own throwaway cl
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import logging
 import os
@@ -31,7 +32,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Callable, Generator
+from collections.abc import Callable, Generator, Sequence
 from contextlib import contextmanager
 from datetime import datetime
 from pathlib import Path
@@ -276,13 +277,11 @@ def _pg_insert_worker(args: argparse.Namespace) -> dict[str, Any]:
     return {"start": start, "end": end, "attempts": args.items}
 
 
-def _spawn(
-    role: str, count: int, extra: list[str], url: str | None, module: str = "bench.claims"
-) -> list[dict[str, Any]]:
+def _spawn(role: str, count: int, extra: list[str], url: str | None) -> list[dict[str, Any]]:
     """Start ``count`` workers, release them together once all are set up, and collect
     their JSON results; then let them exit. A PostgreSQL URL reaches them through their
     environment, never their command line (which any user of the machine can read)."""
-    procs = _start_workers(role, count, extra, url, module)
+    procs = _start_workers(role, count, extra, url)
     results: list[dict[str, Any]] = []
     try:
         _wait_until_ready(role, procs)
@@ -297,7 +296,7 @@ def _spawn(
 
 
 def _start_workers(
-    role: str, count: int, extra: list[str], url: str | None, module: str
+    role: str, count: int, extra: list[str], url: str | None
 ) -> list[subprocess.Popen[str]]:
     """The worker processes, the database URL in their environment only."""
     env = {k: v for k, v in os.environ.items() if k != DATABASE_URL_SETTING}
@@ -305,7 +304,7 @@ def _start_workers(
         env[DATABASE_URL_SETTING] = url
     return [
         subprocess.Popen(
-            [sys.executable, "-m", module, role, "--seed", str(i), *extra],
+            [sys.executable, "-m", "bench.claims", role, "--seed", str(i), *extra],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             text=True,
@@ -381,13 +380,14 @@ def run(
     mode: str = "claim",
     progress: Callable[[str], None] = lambda _line: None,
     metrics_rounds: int = 0,
-    counting_worker: str = "",
+    counting: str = "",
 ) -> dict[str, Any]:
     """Run the benchmark in ``scratch`` (a fresh directory) and return its figures;
-    ``metrics_rounds``: also race that many times with metrics off and on, alternately, the
-    workers with metrics on run as the module ``counting_worker`` (the command line's,
-    which counts decision records as a server does, then runs this module's worker)."""
-    plan = (metrics_rounds, per_thread, counting_worker)
+    ``metrics_rounds``: also race that many times with metrics off and on, alternately.
+    ``counting`` (``module:function``, the command line's) is imported by every worker of
+    those races and called by those with metrics on: it counts decision records as a server
+    with its metrics on does."""
+    plan = (metrics_rounds, per_thread, counting)
     if backend not in BACKENDS:
         raise ValueError(f"backend {backend!r} is not one of {', '.join(BACKENDS)}")
     if mode not in MODES:
@@ -416,25 +416,28 @@ def _with_metrics(
     progress: Callable[[str], None],
 ) -> dict[str, Any]:
     """The figures, with the cost of counting every decision record (``rounds`` races with
-    metrics off and on, alternately, each on a fresh station; the best rate of each)."""
+    metrics off and on, alternately and in turn first, each on a fresh station; the best
+    rate of each)."""
     rounds, per_thread, counting = plan
     if rounds < 1:
         return result
     if not counting:
-        raise ValueError("metrics rounds need the counting worker module")
+        raise ValueError("metrics rounds need the counting function (module:function)")
     rates: dict[bool, list[float]] = {False: [], True: []}
     records = {False: 0, True: 0}
     shape = (result["workers"], result["items"], result["mode"])
     for round_no in range(rounds):
-        for on in (False, True):
+        # Each round in the other order: a race never always follows the other kind (the
+        # store's files, or the server, may still be busy with what the last one wrote).
+        for on in (False, True) if round_no % 2 == 0 else (True, False):
             progress(f"metrics {'on' if on else 'off'}: round {round_no + 1} of {rounds}")
             where = scratch / f"metrics-{round_no}-{'on' if on else 'off'}"
             data_dir = workspaces.DataDir(where / "station")
             where.mkdir(parents=True)
             _register_workspace(where, _scoped(url, where), data_dir)
-            module = counting if on else "bench.claims"
+            prelude = ["--prelude", counting, *(["--call-prelude"] if on else [])]
             raced = _race(
-                data_dir, _scoped(url, where), *shape[:2], per_thread, shape[2], module=module
+                data_dir, _scoped(url, where), *shape[:2], per_thread, shape[2], extra=prelude
             )
             rates[on].append(_rate(raced)[0])
             records[on] += sum(int(r["decision_records"]) for r in raced)
@@ -444,6 +447,8 @@ def _with_metrics(
         "off_per_s": round(off, 1),
         "on_per_s": round(on, 1),
         "ratio": round(on / off, 3),
+        "off_rates": [round(r, 1) for r in rates[False]],
+        "on_rates": [round(r, 1) for r in rates[True]],
         # Records made by the workers with metrics on (every claim's, counted), and off
         # (none: nothing listens, so none is made).
         "records_on": records[True],
@@ -563,13 +568,12 @@ def _race(
     per_thread: int,
     mode: str,
     *,
-    module: str = "bench.claims",
+    extra: Sequence[str] = (),
 ) -> list[dict[str, Any]]:
-    """The product raced: every worker goes over the same occurrences in its own order
-    (each run as ``module``)."""
+    """The product raced: every worker goes over the same occurrences in its own order."""
     args = ["--dir", str(data_dir.root), "--items", str(items)]
     args += ["--per-thread", str(per_thread), "--mode", mode]
-    return _spawn("claims", workers, args, url, module)
+    return _spawn("claims", workers, [*args, *extra], url)
 
 
 def _register_workspace(scratch: Path, url: str | None, data_dir: workspaces.DataDir) -> None:
@@ -623,7 +627,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--mode", choices=MODES, default="claim")
     parser.add_argument("--dir")
     parser.add_argument("--db")
+    parser.add_argument("--prelude", default="", help="MODULE:FUNCTION imported in every worker")
+    parser.add_argument("--call-prelude", action="store_true", help="and called before the race")
     args = parser.parse_args(argv)
+    if args.prelude:
+        module, _, function = args.prelude.partition(":")
+        loaded = importlib.import_module(module)
+        if args.call_prelude:
+            getattr(loaded, function)()
     # PostgreSQL when the parent passed a URL in the environment, else SQLite.
     args.url = os.environ.get(DATABASE_URL_SETTING) or None
     result = _claims_worker(args) if args.role == "claims" else _insert_worker(args)

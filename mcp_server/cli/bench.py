@@ -118,7 +118,7 @@ def bench_claims(
         mode=mode,
         progress=lambda line: click.echo(line, err=True),
         metrics_rounds=metrics_rounds,
-        counting_worker="mcp_server.cli.bench_counting",
+        counting="mcp_server.observability.metrics:count_decisions",
     )
     echo_result(result, as_json, 22)
 
