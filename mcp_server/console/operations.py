@@ -30,6 +30,7 @@ from agent.domain.untrusted import shown
 from agent.ports import EmbeddedStore
 from agent.rendering.text import visible_text
 from agent.services import challenges, console, drafts, learning, workspaces
+from agent.services import status as station_status
 from agent.services.gate_check import check_send
 from agent.services.outbound import SETTLEABLE
 from agent.services.workspaces import DataDir
@@ -264,6 +265,7 @@ class OperationPages(PagesBase):
             challenges=[(_challenge_row(c), session.form_token() if c.open else "")
                         for c in kept],
             sends=[(s, session.form_token() if s["settleable"] else "") for s in sends],
+            health_now=station_status.of_workspace(self.c.store, workspace_id, self.c.clock.now()),
         )  # fmt: skip
 
     def _run_rows(self, workspace_id: str) -> list[dict[str, Any]]:

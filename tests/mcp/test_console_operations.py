@@ -277,6 +277,9 @@ async def test_an_operator_acknowledges_a_challenge_on_the_runs_page_after_resol
     client = ops_desk.signed_in(OPERATOR)
     page = client.get(f"/workspaces/{ws}/runs").text
     assert "AUTH_CHALLENGE_UNRESOLVED" in page and "approve it on the worker phone" in page
+    health = page[page.index("Health now") : page.index('id="runs-heading"')]
+    assert "waiting on a person</dt><dd>1</dd>" in health  # as outloop health counts it
+    assert f"AUTH_CHALLENGE_UNRESOLVED on {MAILBOX} (browser, push_approval)" in health
     part = page[page.index(f'action="/workspaces/{ws}/challenges"') :]
     fields = {k: v[0] for k, v in form_fields(part).items()}
     empty = client.post(f"/workspaces/{ws}/challenges", data={**fields, "evidence": ""})
@@ -307,6 +310,9 @@ async def test_an_uncertain_send_is_settled_on_the_runs_page_by_an_operator_only
         data = {**fields, "send": key, "outcome": outcome, "evidence": evidence}
         return client.post(f"/workspaces/{ws}/sends", data=data).status_code
 
+    health = ops_desk.signed_in(APPROVER).get(f"/workspaces/{ws}/runs").text
+    assert "Sends not settled</dt><dd>WITH_PERSON: 1</dd>" in health
+    assert "1 send(s) WITH_PERSON" in health
     assert settle(ops_desk.signed_in(APPROVER), "sent", "seen in Dana's inbox") == 403
     operator = ops_desk.signed_in(OPERATOR)
     assert settle(operator, "maybe", "seen") == 403
@@ -316,6 +322,7 @@ async def test_an_uncertain_send_is_settled_on_the_runs_page_by_an_operator_only
     assert ops_desk.world.store.send_events(key)[-1].actor.startswith(f"{OPERATOR} (console")
     page = operator.get(f"/workspaces/{ws}/runs").text
     assert 'action="/workspaces/' + ws + '/sends"' not in page  # nothing left to settle
+    assert "Sends not settled</dt><dd>none</dd>" in page
 
 
 # -- the task page ---------------------------------------------------------------------------
