@@ -332,7 +332,8 @@ class WebMail(ABC):
             finally:
                 self._operator_asked = False
             await self._arrived(page).wait_for()
-            if self.last_login is None:
+            if self.last_login is None:  # the kept session was signed in: no sign-in ran
+                self._login_record("already_signed_in", "kept_session", logging.INFO)
                 return LoginReport(account=self._mailbox_id, steps=(), signed_in=False)
             return self.last_login
 

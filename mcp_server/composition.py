@@ -321,6 +321,7 @@ class Providers:
             refusals=self._refusals,
             key=key,
             keep_refusal=partial(self._keep_refusal, workspace_id, binding.mailbox_id, key),
+            workspace_id=workspace_id,
         )
 
     def _keep_refusal(self, workspace_id: str, mailbox_id: str, key: str, refusal: Refusal) -> None:

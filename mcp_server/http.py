@@ -125,6 +125,7 @@ def serve(
     config = uvicorn.Config(
         app,
         log_level="warning",
+        log_config=None,  # its records go to the process's handlers (text or JSON lines)
         lifespan="on",
         ssl_certfile=str(cert) if cert else None,
         ssl_keyfile=str(key) if key else None,

@@ -12,8 +12,9 @@ stores it) or the scan would pass without looking where the canary lies.
 A finding, or a file the scan cannot read, fails the session: exit status 1 and a "leak
 canary" section saying where and in which form, never the canary itself.
 
-The session's decision records (``agent.events``) and the metric labels they move are
-watched too (``DecisionWatch``): every field is one a record may carry, every text value is
+The session's decision records (``agent.events``), those its processes append to the
+``OUTLOOP_LOG_FILE`` it sets, and the metric labels they move are watched too
+(``DecisionWatch``): every field is one a record may carry, every text value is
 an id or a code (printable ASCII, no spaces: no subject, body or display name fits), none
 holds the canary, and none holds a text the tests forbid (``forbid``: the red-team corpus'
 hostile instructions, and the subjects, bodies and display names the MCP tests deliver).
@@ -26,6 +27,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -39,7 +41,7 @@ from agent.domain.secrets import CredentialRef, Secret
 from agent.ports import Credentials
 from agent.testing.leaks import Canary, Finding, ScanReport, scan_file, scan_text, scan_tree
 from managed_login.vault import KeyringVault, open_vault
-from mcp_server.observability import metrics
+from mcp_server.observability import logs, metrics
 
 PLUGIN_NAME = "leak-canary"
 CANARY_REF = CredentialRef(
@@ -132,6 +134,10 @@ class ScanningHandler(logging.Handler):
         self.watch.check(where, text)
 
 
+LINE_KEYS = frozenset({"ts", "level", "logger", "event", "message", "error"})
+"""What a JSON line holds besides a record's fields."""
+RECORDS_FILE = "outloop-records.jsonl"
+"""Under basetemp: where the session's processes append their records (OUTLOOP_LOG_FILE)."""
 FORBIDDEN: set[str] = set()
 """Texts no decision record or metric label may hold (see ``forbid``)."""
 _CODE = re.compile(r"[\x21-\x7e]*")
@@ -177,6 +183,25 @@ class DecisionWatch(logging.Handler):
         if hits:
             self.problems.append(f"{where}: holds the forbidden text {hits[0][:60]!r}")
 
+    def check_file(self, path: Path) -> None:
+        """The records other processes of the session appended to ``OUTLOOP_LOG_FILE``."""
+        if not path.is_file():
+            return
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+            record = json.loads(line)
+            event = record.get("event")
+            if event is None:
+                continue
+            self.records += 1
+            where = f"the {event} record on line {number} of {path.name}"
+            extra = set(record) - events.FIELDS - LINE_KEYS
+            if extra:
+                self.problems.append(f"{where}: fields outside agent.events.FIELDS {sorted(extra)}")
+            for name, value in record.items():
+                if name not in LINE_KEYS:
+                    self.check_value(f"{where}, field {name}", value)
+            self.check_value(f"{where}, its message", record.get("message"), code=False)
+
     def check_labels(self) -> int:
         """Every label value the session's metrics carry; how many were checked."""
         checked = 0
@@ -209,6 +234,8 @@ class LeakCanary:
         root.setLevel(logging.DEBUG)
         logging.getLogger(events.ROOT).addHandler(self.decisions)
         metrics.count_decisions()  # the session's metrics: their labels are checked at its end
+        # Every process the session starts with its environment appends its records here.
+        os.environ[logs.FILE_ENV] = str(self.basetemp / RECORDS_FILE)
         for name in CHATTY:  # their debug records trace parsing steps and carry no mail data
             logging.getLogger(name).setLevel(logging.INFO)
 
@@ -240,6 +267,7 @@ class LeakCanary:
         self.watch.during = "the session's end"
         report = self.scan()
         self.labels = self.decisions.check_labels()
+        self.decisions.check_file(self.basetemp / RECORDS_FILE)
         self.problems = report.lines() + self.decisions.problems[:50]
         if self.problems and session.exitstatus == pytest.ExitCode.OK:
             session.exitstatus = pytest.ExitCode.TESTS_FAILED

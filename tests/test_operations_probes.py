@@ -167,17 +167,17 @@ def test_health_names_each_problem_with_what_clears_it(tmp_path: Path) -> None:
         )
         return done.exit_code, json.loads(done.output)
 
-    code, report = health()
-    assert code == 1 and report["store"] == "answers"
+    code, report = health()  # registered just now: no scheduled run missed yet
+    assert (code, report["status"], report["store"], report["problems"]) == (0, "ok", "answers", [])
     [ws] = report["workspaces"]
-    assert ws["last_clean_run_at"] is None and ws["schedule_interval_seconds"] > 0
-    assert report["problems"] == [p for p in ws["problems"]]
-    assert f"workspace {WS}: no clean run in 2 scheduled slots (never" in report["problems"][0]
+    assert ws["last_clean_run_at"] is None and ws["missed_runs"] == 0
 
     world.deliver(new_threads=1, follow_ups=0)
     assert _cli(world, "run", "--workspace", WS, "--once", "--quiet").returncode == 0
     code, report = health()
     assert (code, report["status"], report["problems"]) == (0, "ok", []), report
+    assert sum(report["workspaces"][0]["open_tasks"].values()) == 1
+    assert report["workspaces"][0]["last_clean_run_at"] is not None
 
     store = world.store()
     try:
@@ -203,6 +203,17 @@ def test_health_names_each_problem_with_what_clears_it(tmp_path: Path) -> None:
     assert "approve it on the phone" in challenge
     assert report["workspaces"][0]["unresolved_challenges"] == 1
 
+    nowhere = tmp_path / "no-station"
+    missing = runner.invoke(main, ["health", "--json", "--data-dir", str(nowhere)], env=env)
+    assert missing.exit_code == 2 and json.loads(missing.output)["store"] == "unreachable"
+    assert f"no store at {nowhere}" in json.loads(missing.output)["problems"][0]
+    assert not nowhere.exists()  # a wrong --data-dir creates nothing
+    unknown = runner.invoke(main, ["health", "--json", "--workspace", "ws-nope",
+                                   "--data-dir", str(world.data_dir.root)], env=env)  # fmt: skip
+    assert (
+        unknown.exit_code == 3
+        and "ws-nope is not registered" in json.loads(unknown.output)["error"]
+    )
     gone = runner.invoke(main, ["health", "--json", "--data-dir", str(world.data_dir.root)],
                          env={**env, "OUTLOOP_DATABASE_URL": "postgresql://outloop@127.0.0.1:1/x"})  # fmt: skip
     assert gone.exit_code == 2

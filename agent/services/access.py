@@ -141,6 +141,7 @@ class AccessRoute:
         refusals: dict[str, Refusal] | None = None,
         key: str = "",
         keep_refusal: Callable[[Refusal], None] | None = None,
+        workspace_id: str = "",
     ) -> None:
         if not candidates:
             raise ValueError("a route needs at least one permitted channel")
@@ -155,6 +156,7 @@ class AccessRoute:
         self._refusals: dict[str, Refusal] = {} if refusals is None else refusals
         self._key = key or mailbox_id
         self._keep_refusal = keep_refusal
+        self._workspace_id = workspace_id or None
         self._prepared: Channel | None = None
         self._current = candidates[0].channel
 
@@ -268,6 +270,7 @@ class AccessRoute:
         emit(
             Event.ACCESS,
             level=level,
+            workspace_id=self._workspace_id,
             mailbox_id=self._mailbox_id,
             provider=self._provider,
             channel=channel.value,

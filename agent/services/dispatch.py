@@ -134,8 +134,9 @@ class Dispatcher:
                 workspace_id=self.workspace_id,
                 holder=self.holder,
                 role=role.value,
-                outcome=_LEASE_OUTCOME[role],
-            )
+                outcome="lost" if self.role is Role.ACTIVE and role is Role.STANDBY
+                else _LEASE_OUTCOME[role],
+            )  # fmt: skip
         self.role, self.detail = role, detail
         self.store.record_dispatcher(
             DispatcherRow(

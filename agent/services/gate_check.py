@@ -56,7 +56,10 @@ def check_send(
     to: Sequence[str],
     cc: Sequence[str] = (),
     internal_only: bool = False,
+    record: bool = True,
 ) -> GateResult:
+    """The send gate's verdict on ``draft`` to these recipients, on the live context; a
+    decision record unless ``record`` is False (a page that only shows it)."""
     task = load_task(store, task_id)
     context = load_context(store, task.workspace_id)  # the live context, never the caller's
     result = evaluate_send(
@@ -68,6 +71,8 @@ def check_send(
         foreign=other_workspaces(store, context),
         internal_only=internal_only,
     )
+    if not record:
+        return result
     emit(
         Event.GATE,
         workspace_id=task.workspace_id,

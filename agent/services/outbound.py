@@ -152,8 +152,9 @@ async def send_once(
         outcome = await _send_once(store, provider, intent, message, clock, cap)
     except ProviderError as exc:
         _record_send(
-            intent.workspace_id, intent.key, provider, started, "failed", type(exc).__name__
-        )
+            intent.workspace_id, intent.key, provider, started, "failed", "ERROR",
+            reason=type(exc).__name__, task_id=intent.task_id,
+        )  # fmt: skip
         raise
     _record_send(
         intent.workspace_id,
@@ -177,6 +178,7 @@ def _record_send(
     state: str,
     channel: str = "",
     task_id: str | None = None,
+    reason: str | None = None,
 ) -> None:
     emit(
         Event.SEND,
@@ -187,6 +189,7 @@ def _record_send(
         channel=channel or provider.capabilities.channel.value,
         outcome=status,
         state=state,
+        reason=reason,
         duration_seconds=round(time.perf_counter() - started, 6),
     )
 
@@ -576,7 +579,17 @@ def settle_by_person(
             f"send {key} is {record.state.value}: only a send whose outcome is unknown "
             f"({', '.join(s.value for s in sorted(SETTLEABLE))}) is settled by a person"
         )
-    return store.settle_send(key, sent, evidence, actor, clock.now())
+    settled = store.settle_send(key, sent, evidence, actor, clock.now())
+    emit(
+        Event.SEND,
+        workspace_id=settled.workspace_id,
+        task_id=settled.task_id,
+        send_key=key,
+        channel=settled.channel or None,
+        outcome="settled_by_person",
+        state=settled.state.name,
+    )
+    return settled
 
 
 SETTLEABLE = frozenset({SendState.ATTEMPTING, SendState.UNCERTAIN, SendState.WITH_PERSON})

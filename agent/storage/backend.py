@@ -37,8 +37,9 @@ def open_store(
         if bounded:
             policy = RetryPolicy(max_attempts=3, deadline_s=PROBE_SECONDS)
             return PostgresStore(
-                database_url.strip(), pool_size=1, retry=policy, connect_timeout_s=2
-            )
+                database_url.strip(), pool_size=1, retry=policy, connect_timeout_s=2,
+                query_timeout_ms=int(PROBE_SECONDS * 1000),
+            )  # fmt: skip
         return PostgresStore(database_url.strip())
     shown = f"a {scheme!r} URL" if sep else "a value that is not a URL"
     raise StoreError(

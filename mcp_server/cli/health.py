@@ -16,10 +16,11 @@ from agent.ports import EmbeddedStore
 from agent.services import status
 from agent.services.workspaces import DataDir
 from agent.storage.backend import open_store
-from mcp_server.cli.shared import data_dir_option, fail, read_settings
+from mcp_server.cli.shared import data_dir_option, read_settings, worded
 
 EXIT_PROBLEMS = 1
 EXIT_UNREACHABLE = 2
+EXIT_REFUSED = 3
 
 
 @click.command("health")
@@ -31,11 +32,18 @@ def health_command(workspace_id: str | None, as_json: bool, data_dir: Path | Non
     scheduled slots, no send left UNCERTAIN or WITH_PERSON, no sign-in challenge waiting on
     a person. Every problem is named with what clears it.
 
-    Exit status: 0 healthy, 1 a problem was found, 2 the store does not answer."""
+    Exit status: 0 healthy, 1 a problem was found, 2 the store does not answer (or there is
+    none at the data directory), 3 the request was refused (an unknown --workspace)."""
     settings = read_settings(data_dir)
     report: dict[str, Any] = {"status": "ok", "store": "answers", "workspaces": [], "problems": []}
+    database = DataDir(settings.data_dir).database
     try:
-        store = open_store(settings.database_url, DataDir(settings.data_dir).database, bounded=True)
+        if settings.database_url is None and not database.is_file():
+            raise StoreError(
+                f"no store at {database}: give the station's --data-dir (or "
+                "OUTLOOP_DATA_DIR), or OUTLOOP_DATABASE_URL when it shares PostgreSQL"
+            )
+        store = open_store(settings.database_url, database, bounded=True)
         try:
             found = _statuses(store, workspace_id)
         finally:
@@ -45,9 +53,18 @@ def health_command(workspace_id: str | None, as_json: bool, data_dir: Path | Non
         _finish(report, as_json)
         sys.exit(EXIT_UNREACHABLE)
     except OutloopError as exc:
-        fail(exc)
+        if as_json:
+            click.echo(json.dumps({"status": "error", "error": worded(exc)}))
+        else:
+            click.echo(f"Error: {worded(exc)}", err=True)
+        sys.exit(EXIT_REFUSED)
     report["workspaces"] = [s.model_dump(mode="json") for s in found]
     report["problems"] = [p for s in found for p in s.problems]
+    if not found:
+        report["problems"].append(
+            "no workspace is registered in this station: register one with 'outloop "
+            "workspace bootstrap --context FILE'"
+        )
     if report["problems"]:
         report["status"] = "problems"
     _finish(report, as_json)

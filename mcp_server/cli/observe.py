@@ -12,6 +12,7 @@ from typing import Any, TypeVar
 import click
 
 from agent.domain.errors import OutloopError
+from agent.ports import EmbeddedStore
 from agent.services.workspaces import DataDir
 from agent.storage.backend import open_store
 from mcp_server.cli.shared import fail
@@ -93,13 +94,13 @@ def serving_probes(
     if port is None:
         yield None
         return
-    probe = StoreProbe(
-        lambda: open_store(settings.database_url, DataDir(settings.data_dir).database, bounded=True)
-    )
+
+    def opener() -> EmbeddedStore:
+        return open_store(settings.database_url, DataDir(settings.data_dir).database, bounded=True)
+
+    probes = Probes(StoreProbe(opener), StoreProbe(opener), what, role, roles)
     try:
-        server = ProbeServer(
-            Probes(probe, what, role, roles), METRICS_HOST, port, settings.metrics_token
-        )
+        server = ProbeServer(probes, METRICS_HOST, port, settings.metrics_token)
     except OutloopError as exc:
         fail(exc)
     server.start()

@@ -399,7 +399,9 @@ def gate_of(
     if asked is None or not asked.recipients:
         return None
     record, rendered = drafts.load_draft(store, task.task_id, asked.draft_id)
-    gate = check_send(store, task.task_id, drafts.facts(record, rendered), to=asked.recipients)
+    gate = check_send(
+        store, task.task_id, drafts.facts(record, rendered), to=asked.recipients, record=False
+    )
     return {
         "ready": gate.ready, "communication": gate.communication.value,
         "basis": shown(gate.approval_basis or ""),

@@ -74,6 +74,10 @@ class _Stderr:
         sys.stderr.flush()
 
 
+def _decisions_or_warnings(record: logging.LogRecord) -> bool:
+    return record.name.startswith(f"{events.ROOT}.") or record.levelno >= logging.WARNING
+
+
 def _lower(logger: logging.Logger, level: int) -> None:
     """Let ``logger`` make records from ``level`` up (never fewer than it made)."""
     if logger.level == logging.NOTSET or logger.level > level:
@@ -88,7 +92,8 @@ def configure(
     decisions: bool = False,
 ) -> None:
     """Send this process's records to ``stream`` (stderr) as ``form`` from ``level`` up, and
-    to the ``OUTLOOP_LOG_FILE`` file as JSON lines. ``decisions``: decision records are made
+    its decision records from INFO up (and every other from WARNING up) to the
+    ``OUTLOOP_LOG_FILE`` file as JSON lines. ``decisions``: decision records are made
     whatever the level (the metrics count them)."""
     root = logging.getLogger()
     for old in [h for h in root.handlers if getattr(h, _MARK, False)]:
@@ -100,9 +105,17 @@ def configure(
     root.addHandler(_handler(logging.StreamHandler(out), formatter, threshold))
     path = os.environ.get(FILE_ENV, "").strip()
     if path:
-        sink = logging.FileHandler(path, encoding="utf-8")
-        root.addHandler(_handler(sink, JsonLines(), min(threshold, logging.INFO)))
-        threshold = min(threshold, logging.INFO)
+        try:
+            sink = logging.FileHandler(path, encoding="utf-8")
+        except OSError as exc:
+            logging.getLogger(__name__).warning(
+                "%s=%s cannot be written (%s): records go to stderr only", FILE_ENV, path,
+                exc.strerror,
+            )  # fmt: skip
+        else:
+            sink.addFilter(_decisions_or_warnings)
+            root.addHandler(_handler(sink, JsonLines(), min(threshold, logging.INFO)))
+            threshold = min(threshold, logging.INFO)
     # Libraries speak from WARNING up; the decision loggers from the level asked for.
     _lower(root, max(threshold, logging.WARNING))
     _lower(logging.getLogger(events.ROOT), min(threshold, logging.INFO) if decisions else threshold)

@@ -36,6 +36,8 @@ CONTENT_TYPE: Final = "text/plain; version=0.0.4; charset=utf-8"
 LATENCY_BUCKETS: Final = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 
 Fields = Mapping[str, events.Field]
+UNCHANGED: Final = frozenset({"already_sent", "in_progress"})
+"""Send outcomes that changed no send's state (not counted in ``outloop_sends_total``)."""
 
 
 def _label(fields: Fields, name: str) -> str:
@@ -101,7 +103,7 @@ COUNTERS: Final = {
     ),
     "gate_checks": ("outloop_gate_checks", "Send gate verdicts.", ("workspace", "verdict")),
     "sends": (
-        "outloop_sends", "Send outcomes by ledger state and channel.",
+        "outloop_sends", "Sends whose state changed, by the state reached and channel.",
         ("workspace", "state", "channel"),
     ),
     "read_backs": ("outloop_read_backs", "Read-backs by result.", ("workspace", "result")),
@@ -176,6 +178,8 @@ def _count_outbound(m: Meters, event: str, f: Fields, ws: str, seconds: events.F
     if event == Event.GATE:
         _child(m.gate_checks, ws, _label(f, "verdict")).inc()
     elif event == Event.SEND:
+        if f.get("outcome") in UNCHANGED:
+            return  # found decided, or another worker's: no state changed here
         _child(m.sends, ws, _label(f, "state"), _label(f, "channel")).inc()
         if isinstance(seconds, float):
             _child(m.send_seconds, _label(f, "channel")).observe(seconds)
@@ -208,8 +212,12 @@ class Counting(logging.Handler):
             _count(self.meters, found[0], found[1])
 
     def handle(self, record: logging.LogRecord) -> bool:
-        # No lock: the metrics have their own, and a record holds nothing to format.
-        self.emit(record)
+        # No lock: the metrics have their own, and a record holds nothing to format. A
+        # failure to count never reaches the decision that was recorded.
+        try:
+            self.emit(record)
+        except Exception:
+            self.handleError(record)
         return True
 
 
@@ -285,9 +293,9 @@ def workspace_gauges(statuses: list[WorkspaceStatus], now: datetime) -> Iterable
             "When the workspace's last clean run was reconciled (0: never).",
             labels=["workspace"],
         ),
-        "every": GaugeMetricFamily(
-            "outloop_schedule_interval_seconds",
-            "Seconds between the workspace's scheduled runs.",
+        "missed": GaugeMetricFamily(
+            "outloop_missed_scheduled_runs",
+            "Scheduled runs since the last clean run that ended no clean run (15 min grace).",
             labels=["workspace"],
         ),
         "challenges": GaugeMetricFamily(
@@ -313,8 +321,8 @@ def _add_workspace(
     families["clean"].add_metric([ws], clean.timestamp() if clean else 0.0)
     if clean is not None:
         families["age"].add_metric([ws], max(0.0, (now - clean).total_seconds()))
-    if s.schedule_interval_seconds is not None:
-        families["every"].add_metric([ws], s.schedule_interval_seconds)
+    if s.missed_runs is not None:
+        families["missed"].add_metric([ws], float(s.missed_runs))
     families["challenges"].add_metric([ws], float(s.unresolved_challenges))
 
 

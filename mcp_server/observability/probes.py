@@ -26,15 +26,18 @@ from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Final
 
-from agent.domain.errors import OutloopError
+from agent.domain.errors import StoreError
 from agent.ports import EmbeddedStore
 from agent.services import status
 from agent.services.status import WorkspaceStatus
+from agent.storage.backend import PROBE_SECONDS
 from mcp_server.composition import METRICS_TOKEN_ENV
 from mcp_server.http import MIN_TOKEN_CHARS, ServeError, is_loopback
 from mcp_server.observability import metrics
 
 ROUTES: Final = ("/metrics", "/healthz", "/readyz")
+WAIT_SECONDS: Final = 2 * PROBE_SECONDS
+"""How long a probe waits for the one before it on the same store connection."""
 
 
 class StoreProbe:
@@ -59,15 +62,21 @@ class StoreProbe:
         return None if self._with(read) is not None else found
 
     def _with(self, use: Callable[[EmbeddedStore], object]) -> str | None:
-        with self._lock:
-            try:
-                if self._store is None:
-                    self._store = self._opener()
-                use(self._store)
-            except (OutloopError, OSError) as exc:
-                self._drop()
-                return f"the store does not answer: {exc}"
-            return None
+        if not self._lock.acquire(timeout=WAIT_SECONDS):
+            return (
+                "the store does not answer: the previous probe still waits on it (over "
+                f"{WAIT_SECONDS:.0f} s)"
+            )
+        try:
+            if self._store is None:
+                self._store = self._opener()
+            use(self._store)
+        except (StoreError, OSError) as exc:
+            self._drop()
+            return f"the store does not answer: {exc}"
+        finally:
+            self._lock.release()
+        return None
 
     def _drop(self) -> None:
         if self._store is not None:
@@ -76,8 +85,11 @@ class StoreProbe:
         self._store = None
 
     def close(self) -> None:
-        with self._lock:
-            self._drop()
+        if self._lock.acquire(timeout=WAIT_SECONDS):  # else a probe still holds it: leave it
+            try:
+                self._drop()
+            finally:
+                self._lock.release()
 
 
 Role = Callable[[], tuple[bool, str]]
@@ -89,6 +101,9 @@ class Probes:
     """What the three routes answer."""
 
     store: StoreProbe
+    """Readiness's store connection."""
+    gauges: StoreProbe
+    """The gauges' (a scrape reads every workspace: a readiness probe never waits on it)."""
     what: str
     """The process, as a probe's answer names it (``dispatcher of ws-1``, ``mcp server``)."""
     role: Role | None = None
@@ -121,7 +136,11 @@ class Probes:
         return (200 if not problems else 503), body
 
     def metrics(self) -> bytes:
-        return metrics.exposition(metrics.StationGauges(self.store.statuses, self.roles))
+        return metrics.exposition(metrics.StationGauges(self.gauges.statuses, self.roles))
+
+    def close(self) -> None:
+        self.store.close()
+        self.gauges.close()
 
 
 def check_token(token: str | None) -> str:
@@ -168,7 +187,7 @@ class ProbeServer:
         self._server.shutdown()
         self._server.server_close()
         self._thread.join(timeout=5)
-        self._probes.store.close()
+        self._probes.close()
 
 
 def _handler(probes: Probes, digest: bytes) -> type[BaseHTTPRequestHandler]:
@@ -178,11 +197,11 @@ def _handler(probes: Probes, digest: bytes) -> type[BaseHTTPRequestHandler]:
 
         def do_GET(self) -> None:
             path = self.path.split("?", 1)[0]
-            if path not in ROUTES:
-                self._answer(404, {"error": f"no route {path}; the routes are {', '.join(ROUTES)}"})
-                return
             if not self._authorized():
                 self._answer(401, {"error": f"send 'Authorization: Bearer <{METRICS_TOKEN_ENV}>'"})
+                return
+            if path not in ROUTES:
+                self._answer(404, {"error": f"no route {path}; the routes are {', '.join(ROUTES)}"})
                 return
             if path == "/metrics":
                 self._send(200, metrics.CONTENT_TYPE, probes.metrics())

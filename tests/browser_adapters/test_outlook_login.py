@@ -5,12 +5,14 @@ before any client data, saying what the operator does."""
 
 from __future__ import annotations
 
+import logging
 import shutil
 import stat
 from pathlib import Path
 
 import pytest
 
+from agent import events
 from agent.domain.errors import AuthChallengeUnresolved, PasswordRefused, SignInFailed
 from agent.testing.providers import raw_message
 from managed_login.flow import Step
@@ -31,9 +33,16 @@ def kept_sessions(account: OutlookAccount) -> list[Path]:
     return sorted(account.state_dir.glob("*.json")) if account.state_dir.exists() else []
 
 
+def logins(caplog: pytest.LogCaptureFixture) -> list[tuple[object, object]]:
+    """Each login decision record so far: its outcome and reason."""
+    found = [events.of(r) for r in caplog.records]
+    return [(f[1]["outcome"], f[1]["reason"]) for f in found if f and f[0] == "login"]
+
+
 async def test_a_logged_out_browser_signs_in_with_password_and_code_and_keeps_its_session_private(
-    account: OutlookAccount,
+    account: OutlookAccount, caplog: pytest.LogCaptureFixture
 ) -> None:
+    caplog.set_level(logging.INFO, logger=events.ROOT)
     report = await account.build().login()
     assert (report.account, report.signed_in, report.steps) == (MAILBOX, True, FULL)
     [state] = kept_sessions(account)
@@ -41,6 +50,7 @@ async def test_a_logged_out_browser_signs_in_with_password_and_code_and_keeps_it
     assert stat.S_IMODE(account.state_dir.stat().st_mode) == 0o700
     again = await account.build().login()  # another process: the kept session, nothing typed
     assert (again.signed_in, again.steps) == (False, ())
+    assert logins(caplog) == [("signed_in", "managed"), ("already_signed_in", "kept_session")]
 
 
 async def test_a_refused_password_is_not_retried_and_no_session_is_kept(
@@ -66,8 +76,9 @@ async def test_a_refused_password_is_not_retried_and_no_session_is_kept(
     "challenge", ["approve_sign_in", "more_information_required", "account_locked"]
 )
 async def test_a_challenge_stops_the_login_before_client_data_and_says_what_to_do(
-    account: OutlookAccount, challenge: str
+    account: OutlookAccount, challenge: str, caplog: pytest.LogCaptureFixture
 ) -> None:
+    caplog.set_level(logging.INFO, logger=events.ROOT)
     account.deliver(raw_message(1))
     account.admin.faults(web_challenge=challenge)
     with pytest.raises(AuthChallengeUnresolved) as stopped:
@@ -77,6 +88,7 @@ async def test_a_challenge_stops_the_login_before_client_data_and_says_what_to_d
     assert f"--mailbox {MAILBOX} --headed" in stopped.value.action
     assert kept_sessions(account) == []
     assert unread(account) == [True]
+    assert logins(caplog) == [("challenge", challenge)]
 
 
 class Kept:

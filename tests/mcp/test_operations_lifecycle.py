@@ -130,6 +130,9 @@ async def test_a_lifecycle_through_the_mcp_server_is_logged_and_counted(
     # outbox is never a delivery, so the read-back fails on exactly that).
     assert [c["outcome"] for c in by_event["claim"]] == ["CLAIMED", "CLAIMED"]
     assert all(c["duration_seconds"] >= 0 and c["run_id"] for c in by_event["claim"])
+    claimed_items = [c["item_ref"] for c in by_event["claim"]]
+    assert [d["item_ref"] for d in by_event["disposition"]] == claimed_items
+    assert all(d["disposition"] and d["task_id"] == task_id for d in by_event["disposition"])
     assert [(r["scanned"], r["clean"]) for r in by_event["reconciliation"]] == [
         (1, True),
         (1, True),
@@ -157,6 +160,7 @@ async def test_a_lifecycle_through_the_mcp_server_is_logged_and_counted(
     assert moved("outloop_claims_total", workspace=ws, outcome="CLAIMED") == 2
     assert moved("outloop_claim_duration_seconds_count") == 2
     assert moved("outloop_items_scanned_total", workspace=ws) == 2
+    assert moved("outloop_dispositions_total", workspace=ws) == 2
     assert moved("outloop_reconciliations_total", workspace=ws, clean="true") == 2
     assert moved("outloop_reconciliation_failures_total") == 0
     assert moved("outloop_gate_checks_total", workspace=ws, verdict="pending") == len(

@@ -8,12 +8,14 @@ shows the same mail; a channel is made to fail by wrapping it."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any, cast
 
 import pytest
 
+from agent import events
 from agent.domain.envelope import Address
 from agent.domain.errors import (
     AccessRefused,
@@ -139,9 +141,17 @@ async def test_a_missing_connector_moves_on_to_the_permitted_provider_mcp_and_sa
     assert len(world.api.sent) == 1
 
 
-async def test_a_transient_failure_moves_on_and_the_api_is_tried_first_again_after_the_hold() -> (
-    None
-):
+def access_records(caplog: pytest.LogCaptureFixture) -> list[dict[str, object]]:
+    """The access decision records made so far, as their fields."""
+    return [
+        dict(found[1]) for r in caplog.records if (found := events.of(r)) and found[0] == "access"
+    ]
+
+
+async def test_a_transient_failure_moves_on_and_the_api_is_tried_first_again_after_the_hold(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.INFO, logger=events.ROOT)
     world = World()
     down = Failing(world.api, TransientFailure("Graph answered 503"), "changes", "health")
     route = world.route(down.channel)
@@ -159,9 +169,19 @@ async def test_a_transient_failure_moves_on_and_the_api_is_tried_first_again_aft
     assert [i.item_ref for i in again.items] == ["pm-1", "pm-2", "pm-3"]
     assert again.cursor.startswith("api|")
     assert any("channel api in use (was provider_mcp)" in r for r in world.records)
+    steps = [(r["channel"], r["outcome"], r["reason"]) for r in access_records(caplog)]
+    assert steps == [
+        ("api", "passed_over", "TransientFailure"),
+        ("provider_mcp", "fallback", "from_api"),
+        ("api", "fallback", "from_provider_mcp"),
+    ]
+    assert {r["mailbox_id"] for r in access_records(caplog)} == {MAILBOX}
 
 
-async def test_an_explicit_refusal_is_never_routed_around_and_stops_sending() -> None:
+async def test_an_explicit_refusal_is_never_routed_around_and_stops_sending(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.INFO, logger=events.ROOT)
     world = World()
     refusing = Failing(world.api, AccessRefused("Graph answered 403: Access is denied"), "prepare")
     route = world.route(refusing.channel)
@@ -175,6 +195,10 @@ async def test_an_explicit_refusal_is_never_routed_around_and_stops_sending() ->
     # What the channel is stays known (the core reads it to record a refused attempt).
     assert route.capabilities.channel is Channel.API
     assert any("refused to send" in r and "not routed around" in r for r in world.records)
+    [refused] = access_records(caplog)
+    assert (refused["channel"], refused["outcome"], refused["reason"]) == (
+        "api", "refused", "refused_to_send",
+    )  # fmt: skip
 
 
 async def test_reads_after_a_refusal_stop_unless_the_context_authorizes_them() -> None:

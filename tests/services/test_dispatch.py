@@ -6,6 +6,7 @@ lease only when it lapses; a shared mailbox scanned under its own lease."""
 from __future__ import annotations
 
 import contextlib
+import logging
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -15,6 +16,7 @@ import anyio
 import anyio.lowlevel
 import pytest
 
+from agent import events
 from agent.domain import schedule
 from agent.services.dispatch import CycleOutcome, Dispatcher, Plan, lease_name, scan_lease_name
 from agent.services.schedule import Installation
@@ -174,8 +176,9 @@ def test_a_shared_mailbox_is_scanned_only_while_its_scan_lease_is_free(
 
 
 def test_a_dispatcher_whose_lease_is_taken_mid_cycle_stops_it_and_stands_by(
-    store: SqliteStore,
+    store: SqliteStore, caplog: pytest.LogCaptureFixture
 ) -> None:
+    caplog.set_level(logging.INFO, logger=events.ROOT)
     clock = FrozenClock(datetime(2026, 12, 1, 12, 0, tzinfo=UTC))
     dispatcher, _ = driven(store, clock, clock.now() + timedelta(hours=1), holder=LOCAL)
     said: list[str] = []
@@ -198,6 +201,11 @@ def test_a_dispatcher_whose_lease_is_taken_mid_cycle_stops_it_and_stands_by(
     assert cycle.finished_at is None  # the holder runs it again
     assert any("lost the lease mid-cycle" in line for line in said), said
     assert dispatcher.role is not None and dispatcher.role.value == "stopped"
+    leases = [dict(f[1]) for r in caplog.records if (f := events.of(r)) and f[0] == "lease"]
+    assert [(r["role"], r["outcome"]) for r in leases] == [
+        ("active", "taken"), ("standby", "lost"), ("stopped", "released"),
+    ]  # fmt: skip
+    assert {r["workspace_id"] for r in leases} == {WS}
 
 
 def test_a_cycle_that_fails_without_a_message_is_recorded_by_its_kind(

@@ -240,6 +240,7 @@ class PostgresStore(OneStatementClaims):
         pool_size: int = 2,
         retry: RetryPolicy | None = None,
         connect_timeout_s: int = 10,
+        query_timeout_ms: int | None = None,
     ) -> None:
         _refuse_ambiguous_userinfo(url)
         self.where = redacted(url)
@@ -263,6 +264,9 @@ class PostgresStore(OneStatementClaims):
             "keepalives_interval": 10,
             "keepalives_count": 3,
         }
+        self._query_timeout_ms = query_timeout_ms
+        if query_timeout_ms is not None:  # a peer that stops answering mid-query, too
+            kwargs["tcp_user_timeout"] = query_timeout_ms
         self._probe(kwargs)
         self._pool: ConnectionPool[psycopg.Connection[DictRow]] = ConnectionPool(
             url,
@@ -317,6 +321,12 @@ class PostgresStore(OneStatementClaims):
 
     def _configure(self, conn: psycopg.Connection[DictRow]) -> None:
         self._started[conn] = _session_start(conn)
+        if self._query_timeout_ms is not None:
+            conn.execute(
+                "SELECT set_config('statement_timeout', %s, false),"
+                " set_config('lock_timeout', %s, false)",
+                (str(self._query_timeout_ms), str(self._query_timeout_ms)),
+            )
 
     def _migrate(self, conn: Tx) -> None:
         conn.execute(f"SELECT pg_advisory_xact_lock({MIGRATION_LOCK})")
