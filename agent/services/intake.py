@@ -558,6 +558,15 @@ async def claim_item(run: Scan, index: int, clock: Clock) -> ItemOutcome | None:
         # later run, and the station health record names it.
         store.record_health(f"intake item {plan.ref}", f"{type(exc).__name__}: {exc}", clock.now())
         run.result.item_errors.append(f"{plan.ref}: {type(exc).__name__}: {exc}")
+        emit(
+            Event.DISPOSITION,
+            level=logging.WARNING,
+            workspace_id=run.result.workspace_id,
+            run_id=run.run_id,
+            item_ref=plan.ref,
+            outcome="item_failed",
+            reason=type(exc).__name__,
+        )
         return None
     run.result.items.append(outcome)
     _record_decision(run, outcome)

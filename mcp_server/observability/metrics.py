@@ -164,7 +164,8 @@ def _count(m: Meters, event: str, f: Fields) -> None:
         if isinstance(seconds, float):
             _child(m.claim_seconds).observe(seconds)
     elif event == Event.DISPOSITION:
-        _child(m.dispositions, ws, _label(f, "disposition")).inc()
+        if f.get("disposition") is not None:  # else the item failed: a later run decides it
+            _child(m.dispositions, ws, _label(f, "disposition")).inc()
     elif event == Event.RECONCILIATION:
         clean = f.get("clean") is True
         _child(m.reconciliations, ws, "true" if clean else "false").inc()
