@@ -143,10 +143,15 @@ FORBIDDEN: set[str] = set()
 _CODE = re.compile(r"[\x21-\x7e]*")
 
 
+FORBIDDEN_MIN = 8
+"""Shorter texts are words an id or a code may hold by chance (``second`` in
+``duration_seconds``); a text with a space never fits a value at all."""
+
+
 def forbid(*texts: str) -> None:
     """Texts from mail (subjects, bodies, display names, hostile instructions) that no
     decision record or metric label of the session may hold."""
-    FORBIDDEN.update(t for t in texts if len(t.strip()) >= 4)
+    FORBIDDEN.update(t for t in texts if len(t.strip()) >= FORBIDDEN_MIN)
 
 
 class DecisionWatch(logging.Handler):
@@ -168,9 +173,8 @@ class DecisionWatch(logging.Handler):
         unknown = set(fields) - events.FIELDS
         if unknown:
             self.problems.append(f"{where}: fields outside agent.events.FIELDS {sorted(unknown)}")
-        for name, value in fields.items():
-            self.check_value(f"{where}, field {name}", value)
-        self.check_value(f"{where}, its message", record.getMessage(), code=False)
+        for name, value in fields.items():  # (the message is these; the canary is looked
+            self.check_value(f"{where}, field {name}", value)  # for in it by ScanningHandler)
 
     def check_value(self, where: str, value: object, *, code: bool = True) -> None:
         if value is None or isinstance(value, (bool, int, float)):
@@ -178,7 +182,8 @@ class DecisionWatch(logging.Handler):
         text = str(value)
         if code and not _CODE.fullmatch(text):
             self.problems.append(f"{where}: {text[:80]!r} is not an id or a code")
-        self.watch.check(where, text)
+        if not code:
+            self.watch.check(where, text)
         hits = [f for f in FORBIDDEN if f in text]
         if hits:
             self.problems.append(f"{where}: holds the forbidden text {hits[0][:60]!r}")
@@ -200,7 +205,6 @@ class DecisionWatch(logging.Handler):
             for name, value in record.items():
                 if name not in LINE_KEYS:
                     self.check_value(f"{where}, field {name}", value)
-            self.check_value(f"{where}, its message", record.get("message"), code=False)
 
     def check_labels(self) -> int:
         """Every label value the session's metrics carry; how many were checked."""
