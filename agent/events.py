@@ -111,11 +111,11 @@ def emit(event: Event, /, *, level: int = logging.INFO, **fields: Field) -> None
     logger = _LOGGERS[event]
     if not logger.isEnabledFor(level):
         return
-    unknown = fields.keys() - FIELDS
-    if unknown:
-        raise UnknownField(f"{event.value} records carry no {', '.join(sorted(unknown))}")
+    if not FIELDS.issuperset(fields):
+        unknown = sorted(fields.keys() - FIELDS)
+        raise UnknownField(f"{event.value} records carry no {', '.join(unknown)}")
     # Made here, without the caller's frame looked up: a record's place is its event.
-    record = logger.makeRecord(logger.name, level, "", 0, Line(event, fields), (), None)
+    record = logging.LogRecord(logger.name, level, "", 0, Line(event, fields), (), None)
     record.outloop = fields
     record.outloop_event = event.value
     logger.handle(record)
@@ -123,9 +123,9 @@ def emit(event: Event, /, *, level: int = logging.INFO, **fields: Field) -> None
 
 def of(record: logging.LogRecord) -> tuple[str, Fields] | None:
     """The event and fields of a decision record; None for any other record."""
-    event = getattr(record, "outloop_event", None)
-    fields = getattr(record, "outloop", None)
-    if isinstance(event, str) and isinstance(fields, Mapping):
+    held = record.__dict__
+    event, fields = held.get("outloop_event"), held.get("outloop")
+    if isinstance(event, str) and isinstance(fields, dict):
         return event, fields  # pyright: ignore[reportUnknownVariableType]
     return None
 

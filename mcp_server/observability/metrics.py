@@ -153,51 +153,77 @@ def meters() -> Meters:
     return Meters(registry=registry, **made)  # pyright: ignore[reportArgumentType]
 
 
-def _count(m: Meters, event: str, f: Fields) -> None:
-    """Move the metrics a decision record moves."""
-    ws = _label(f, "workspace_id")
+def _scan(m: Meters, f: Fields) -> None:
+    _child(m.items_scanned, _label(f, "workspace_id"), _label(f, "channel")).inc(
+        float(f.get("scanned") or 0)
+    )
+
+
+def _claim(m: Meters, f: Fields) -> None:
+    _child(m.claims, _label(f, "workspace_id"), _label(f, "outcome")).inc()
+    _observe(m.claim_seconds, f)
+
+
+def _disposition(m: Meters, f: Fields) -> None:
+    if f.get("disposition") is not None:  # else the item failed: a later run decides it
+        _child(m.dispositions, _label(f, "workspace_id"), _label(f, "disposition")).inc()
+
+
+def _reconciliation(m: Meters, f: Fields) -> None:
+    ws, clean = _label(f, "workspace_id"), f.get("clean") is True
+    _child(m.reconciliations, ws, "true" if clean else "false").inc()
+    if not clean:
+        _child(m.reconciliation_failures, ws).inc()
+
+
+def _send(m: Meters, f: Fields) -> None:
+    if f.get("outcome") in UNCHANGED:
+        return  # found decided, or another worker's: no state changed here
+    channel = _label(f, "channel")
+    _child(m.sends, _label(f, "workspace_id"), _label(f, "state"), channel).inc()
+    _observe(m.send_seconds, f, channel)
+
+
+def _read_back(m: Meters, f: Fields) -> None:
+    _child(m.read_backs, _label(f, "workspace_id"), _label(f, "result")).inc()
+    _observe(m.read_back_seconds, f)
+
+
+def _access(m: Meters, f: Fields) -> None:
+    _child(m.access_steps, _label(f, "channel"), _label(f, "outcome")).inc()
+    if f.get("outcome") == "fallback":
+        _child(m.access_fallbacks, _label(f, "channel")).inc()
+
+
+def _observe(histogram: Histogram, f: Fields, *labels: str) -> None:
     seconds = f.get("duration_seconds")
-    if event == Event.SCAN:
-        _child(m.items_scanned, ws, _label(f, "channel")).inc(float(f.get("scanned") or 0))
-    elif event == Event.CLAIM:
-        _child(m.claims, ws, _label(f, "outcome")).inc()
-        if isinstance(seconds, float):
-            _child(m.claim_seconds).observe(seconds)
-    elif event == Event.DISPOSITION:
-        if f.get("disposition") is not None:  # else the item failed: a later run decides it
-            _child(m.dispositions, ws, _label(f, "disposition")).inc()
-    elif event == Event.RECONCILIATION:
-        clean = f.get("clean") is True
-        _child(m.reconciliations, ws, "true" if clean else "false").inc()
-        if not clean:
-            _child(m.reconciliation_failures, ws).inc()
-    else:
-        _count_outbound(m, event, f, ws, seconds)
+    if isinstance(seconds, float):
+        _child(histogram, *labels).observe(seconds)
 
 
-def _count_outbound(m: Meters, event: str, f: Fields, ws: str, seconds: events.Field) -> None:
-    if event == Event.GATE:
-        _child(m.gate_checks, ws, _label(f, "verdict")).inc()
-    elif event == Event.SEND:
-        if f.get("outcome") in UNCHANGED:
-            return  # found decided, or another worker's: no state changed here
-        _child(m.sends, ws, _label(f, "state"), _label(f, "channel")).inc()
-        if isinstance(seconds, float):
-            _child(m.send_seconds, _label(f, "channel")).observe(seconds)
-    elif event == Event.READ_BACK:
-        _child(m.read_backs, ws, _label(f, "result")).inc()
-        if isinstance(seconds, float):
-            _child(m.read_back_seconds).observe(seconds)
-    elif event == Event.ACCESS:
-        _child(m.access_steps, _label(f, "channel"), _label(f, "outcome")).inc()
-        if f.get("outcome") == "fallback":
-            _child(m.access_fallbacks, _label(f, "channel")).inc()
-    elif event == Event.LOGIN:
-        _child(m.logins, ws, _label(f, "outcome")).inc()
-    elif event == Event.LEASE:
-        _child(m.lease_changes, ws, _label(f, "role")).inc()
-    elif event == Event.TASK:
-        _child(m.task_transitions, ws, _label(f, "state")).inc()
+def _by(name: str, field: str) -> Callable[[Meters, Fields], None]:
+    """A counter labelled by workspace and one field of the record."""
+
+    def count(m: Meters, f: Fields) -> None:
+        _child(getattr(m, name), _label(f, "workspace_id"), _label(f, field)).inc()
+
+    return count
+
+
+COUNT: Final[dict[str, Callable[[Meters, Fields], None]]] = {
+    Event.SCAN: _scan,
+    Event.CLAIM: _claim,
+    Event.DISPOSITION: _disposition,
+    Event.RECONCILIATION: _reconciliation,
+    Event.GATE: _by("gate_checks", "verdict"),
+    Event.SEND: _send,
+    Event.READ_BACK: _read_back,
+    Event.ACCESS: _access,
+    Event.LOGIN: _by("logins", "outcome"),
+    Event.LEASE: _by("lease_changes", "role"),
+    Event.TASK: _by("task_transitions", "state"),
+}
+"""What each decision record moves."""
 
 
 class Counting(logging.Handler):
@@ -210,7 +236,7 @@ class Counting(logging.Handler):
     def emit(self, record: logging.LogRecord) -> None:
         found = events.of(record)
         if found is not None:
-            _count(self.meters, found[0], found[1])
+            COUNT[found[0]](self.meters, found[1])
 
     def handle(self, record: logging.LogRecord) -> bool:
         # No lock: the metrics have their own, and a record holds nothing to format. A
