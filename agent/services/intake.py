@@ -613,20 +613,24 @@ async def finish(run: Scan, clock: Clock) -> RunResult:
     return run.result
 
 
+RECONCILIATION_FIGURES = frozenset(
+    {
+        "run_id",
+        "scanned",
+        "terminal",
+        "non_terminal",
+        "claim_race",
+        "reconciliation_failed",
+        "clean",
+    }
+)
+
+
 def reconciled(rec: Reconciliation, workspace_id: str) -> Reconciliation:
     """The run's reconciliation, recorded as a decision (a warning when it failed)."""
-    emit(
-        Event.RECONCILIATION,
-        level=logging.INFO if rec.clean else logging.WARNING,
-        workspace_id=workspace_id,
-        run_id=rec.run_id,
-        scanned=rec.scanned,
-        terminal=rec.terminal,
-        non_terminal=rec.non_terminal,
-        claim_race=rec.claim_race,
-        reconciliation_failed=rec.reconciliation_failed,
-        clean=rec.clean,
-    )
+    figures = rec.model_dump(include=set(RECONCILIATION_FIGURES))
+    level = logging.INFO if rec.clean else logging.WARNING
+    emit(Event.RECONCILIATION, level=level, workspace_id=workspace_id, **figures)
     return rec
 
 
