@@ -556,17 +556,7 @@ async def claim_item(run: Scan, index: int, clock: Clock) -> ItemOutcome | None:
         # One item's failure never stops the others, whatever it is: the item stays
         # without an outcome (the reconciliation says so), its claim is taken over by a
         # later run, and the station health record names it.
-        store.record_health(f"intake item {plan.ref}", f"{type(exc).__name__}: {exc}", clock.now())
-        run.result.item_errors.append(f"{plan.ref}: {type(exc).__name__}: {exc}")
-        emit(
-            Event.DISPOSITION,
-            level=logging.WARNING,
-            workspace_id=run.result.workspace_id,
-            run_id=run.run_id,
-            item_ref=plan.ref,
-            outcome="item_failed",
-            reason=type(exc).__name__,
-        )
+        _item_failed(run, plan.ref, exc, clock)
         return None
     run.result.items.append(outcome)
     _record_decision(run, outcome)
@@ -575,6 +565,21 @@ async def claim_item(run: Scan, index: int, clock: Clock) -> ItemOutcome | None:
         if len(run.race) >= RACE_BATCH:
             flush(run, clock)
     return outcome
+
+
+def _item_failed(run: Scan, ref: str, exc: Exception, clock: Clock) -> None:
+    """One item's handling failed: the health record, the run's errors, a warning record."""
+    run.store.record_health(f"intake item {ref}", f"{type(exc).__name__}: {exc}", clock.now())
+    run.result.item_errors.append(f"{ref}: {type(exc).__name__}: {exc}")
+    emit(
+        Event.DISPOSITION,
+        level=logging.WARNING,
+        workspace_id=run.result.workspace_id,
+        run_id=run.run_id,
+        item_ref=ref,
+        outcome="item_failed",
+        reason=type(exc).__name__,
+    )
 
 
 def _record_decision(run: Scan, outcome: ItemOutcome) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import mailbox
 import socket
 import textwrap
@@ -12,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from agent import events
 from agent.domain.dispositions import Disposition, GateKind
 from agent.domain.envelope import Address
 from agent.domain.errors import RegistryError, UnknownWorkspace
@@ -379,8 +381,9 @@ class Exploding(InMemoryProvider):
 
 
 async def test_an_unexpected_error_in_one_item_does_not_stop_the_others(
-    make_world: Callable[..., World],
+    make_world: Callable[..., World], caplog: pytest.LogCaptureFixture
 ) -> None:
+    caplog.set_level(logging.INFO, logger=events.ROOT)
     acks = "receipt_ack: true\ncommunication: {ack_templates: {en: We got it.}}\n"
     world = make_world(context_yaml(extra=acks).replace("receipt_ack: false\n", ""))
     world.box = Exploding(MAILBOX)
@@ -390,6 +393,10 @@ async def test_an_unexpected_error_in_one_item_does_not_stop_the_others(
     assert len(result.item_errors) == 1 and "ValueError" in result.item_errors[0]
     assert [i.disposition for i in result.items] == [Disposition.ACK_SENT]
     assert any("intake item" in h.key for h in world.store.list_health())
+    found = [f[1] for r in caplog.records if (f := events.of(r)) and f[0] == "disposition"]
+    assert [(d.get("disposition"), d.get("outcome"), d.get("reason")) for d in found] == [
+        (None, "item_failed", "ValueError"), ("ACK_SENT", None, None),
+    ]  # fmt: skip
 
 
 # -- which task a message joins ------------------------------------------------------------
