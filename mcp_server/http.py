@@ -6,7 +6,6 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import hmac
-import ipaddress
 import signal
 import socket
 from collections.abc import Callable, Generator
@@ -18,24 +17,11 @@ from mcp.server.auth.provider import AccessToken
 from mcp.server.auth.settings import AuthSettings
 from pydantic import AnyHttpUrl
 
-from agent.domain.errors import OutloopError
+from mcp_server.binding import MIN_TOKEN_CHARS, ServeError, is_loopback
 from mcp_server.composition import MCP_TOKEN_ENV
 
 TOKEN_ENV = MCP_TOKEN_ENV  # read into Settings.mcp_token by the composition root
-MIN_TOKEN_CHARS = 24
-
-
-class ServeError(OutloopError):
-    """The HTTP server refuses to start as configured."""
-
-
-def is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False
+__all__ = ["MIN_TOKEN_CHARS", "ServeError", "is_loopback"]  # where a server may listen
 
 
 class StaticTokenVerifier:

@@ -26,7 +26,7 @@ from agent.services import challenges
 from bench.pg_cluster import ThrowawayCluster
 from mcp_server.cli import main
 from tests.conftest import wait_for
-from tests.test_crash import WS, Worker, World
+from tests.test_crash import FORKSERVER, WS, Worker, World
 
 TOKEN = secrets.token_urlsafe(32)
 BEARER = {"Authorization": f"Bearer {TOKEN}"}
@@ -56,6 +56,7 @@ def dispatcher(world: World, tag: str, **env: str) -> Worker:
     argv = ["dispatch", "--workspace", WS, "--poll", "0.1", "--lease-seconds", "30",
             "--metrics-port", "0", "--data-dir", str(world.data_dir.root)]  # fmt: skip
     environment = {**world.worker_env(), "OUTLOOP_METRICS_TOKEN": TOKEN, **env}
+    FORKSERVER.set_forkserver_preload(["tests.test_crash"])  # the CLI imported once, there
     return Worker(argv, environment, world.root / "stderr" / f"dispatcher-{tag}.log")
 
 

@@ -7,7 +7,7 @@ import functools
 import json
 from collections.abc import Callable, Generator, Mapping
 from contextlib import contextmanager
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
@@ -17,8 +17,10 @@ from agent.services.workspaces import DataDir
 from agent.storage.backend import open_store
 from mcp_server.cli.shared import fail
 from mcp_server.composition import Settings
-from mcp_server.observability import logs, metrics
-from mcp_server.observability.probes import Probes, ProbeServer, Role, StoreProbe
+from mcp_server.observability import logs, multiprocess_dir
+
+if TYPE_CHECKING:
+    from mcp_server.observability.probes import ProbeServer, Role
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -49,8 +51,8 @@ def logs_at(default_level: str) -> Callable[[F], F]:
         @functools.wraps(func)
         def wrapper(*args: Any, log_format: str, log_level: str, **kwargs: Any) -> Any:
             logs.configure(log_format, log_level, decisions=_counting(kwargs))
-            if metrics.multiprocess_dir() is not None:
-                metrics.count_decisions()  # the host's processes share their counters
+            if multiprocess_dir() is not None:
+                _count_decisions()  # the host's processes share their counters
             return func(*args, **kwargs)
 
         return wrapper  # type: ignore[return-value]
@@ -63,7 +65,14 @@ log_options = logs_at("info")
 
 
 def _counting(kwargs: Mapping[str, Any]) -> bool:
-    return kwargs.get("metrics_port") is not None or metrics.multiprocess_dir() is not None
+    return kwargs.get("metrics_port") is not None or multiprocess_dir() is not None
+
+
+def _count_decisions() -> None:
+    # The metrics (and the Prometheus client) are loaded by the commands that count only.
+    from mcp_server.observability import metrics  # noqa: PLC0415
+
+    metrics.count_decisions()
 
 
 def metrics_option(func: F) -> F:
@@ -87,16 +96,18 @@ def serving_probes(
 ) -> Generator[ProbeServer | None]:
     """The probe server while the command runs (none without ``port``); this process's
     decision records are counted whenever metrics are served or shared on the host."""
-    if port is None and metrics.multiprocess_dir() is None:
+    if port is None and multiprocess_dir() is None:
         yield None
         return
-    metrics.count_decisions()
+    _count_decisions()
     if port is None:
         yield None
         return
 
     def opener() -> EmbeddedStore:
         return open_store(settings.database_url, DataDir(settings.data_dir).database, bounded=True)
+
+    from mcp_server.observability.probes import Probes, ProbeServer, StoreProbe  # noqa: PLC0415
 
     probes = Probes(StoreProbe(opener), StoreProbe(opener), what, role, roles)
     try:

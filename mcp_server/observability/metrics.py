@@ -15,7 +15,6 @@ their sums (clear the directory when the station is restarted as a whole).
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -30,8 +29,8 @@ from prometheus_client.registry import Collector
 from agent import events
 from agent.events import Event
 from agent.services.status import WorkspaceStatus
+from mcp_server.observability import multiprocess_dir
 
-MULTIPROC_ENV: Final = "PROMETHEUS_MULTIPROC_DIR"
 CONTENT_TYPE: Final = "text/plain; version=0.0.4; charset=utf-8"
 LATENCY_BUCKETS: Final = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 
@@ -78,11 +77,6 @@ class Meters:
     logins: Counter
     lease_changes: Counter
     task_transitions: Counter
-
-
-def multiprocess_dir() -> str | None:
-    """The shared directory of a host's processes, when set."""
-    return os.environ.get(MULTIPROC_ENV) or None
 
 
 COUNTERS: Final = {

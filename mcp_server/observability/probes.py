@@ -31,8 +31,8 @@ from agent.ports import EmbeddedStore
 from agent.services import status
 from agent.services.status import WorkspaceStatus
 from agent.storage.backend import PROBE_SECONDS
+from mcp_server.binding import MIN_TOKEN_CHARS, ServeError, is_loopback
 from mcp_server.composition import METRICS_TOKEN_ENV
-from mcp_server.http import MIN_TOKEN_CHARS, ServeError, is_loopback
 from mcp_server.observability import metrics
 
 ROUTES: Final = ("/metrics", "/healthz", "/readyz")
