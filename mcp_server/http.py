@@ -21,7 +21,6 @@ from mcp_server.binding import MIN_TOKEN_CHARS, ServeError, is_loopback
 from mcp_server.composition import MCP_TOKEN_ENV
 
 TOKEN_ENV = MCP_TOKEN_ENV  # read into Settings.mcp_token by the composition root
-__all__ = ["MIN_TOKEN_CHARS", "ServeError", "is_loopback"]  # where a server may listen
 
 
 class StaticTokenVerifier:
