@@ -194,3 +194,17 @@ def test_the_session_leak_watch_fails_a_session_whose_records_hold_mail_text(
     assert "test_a_subject_slipped_into_a_record" in section
     assert "holds the forbidden text 'mallory@evil.test'" in section
     assert "test_a_clean_record" not in section
+
+
+def test_a_counter_that_fails_never_reaches_the_decision_it_counts(
+    kept: Kept, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    metrics.count_decisions()
+
+    def broken(m: metrics.Meters, f: metrics.Fields) -> None:
+        raise OSError("the shared metrics directory is full")
+
+    monkeypatch.setitem(metrics.COUNT, Event.CLAIM, broken)
+    monkeypatch.setattr(logging, "raiseExceptions", False)  # as in production
+    emit(Event.CLAIM, workspace_id="ws-1", outcome="CLAIMED")  # the claim goes on
+    assert [r.name for r in kept.records] == ["outloop.claim"]  # and is still logged
